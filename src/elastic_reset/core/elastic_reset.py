@@ -1,0 +1,291 @@
+"""Elastic Reset: an EMA of the policy's weights, and periodic resets of the policy to it.
+
+Noukhovitch et al., "Language Model Alignment with Elastic Reset", NeurIPS 2023, §3:
+
+    θ̄ ← θ0;  after every online step: θ̄ ← (1 − η)·θ + η·θ̄;  every n steps: θ ← θ̄, then θ̄ ← θ0.
+
+η (``decay``) weights the EMA, not the policy. There is no reset at step 0. The value function is not part of
+what is reset (the caller excludes it), and the optimizer state is kept by default, as in the authors' code.
+
+The EMA and θ0 are fp32 copies kept on a device of the caller's choice (CPU by default: the paper's point is that
+the method is cheap), and every update is a fused ``torch._foreach_*`` call over all covered tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+MODES = ("elastic", "ema", "init", "none")
+"""``elastic``: θ ← θ̄, θ̄ ← θ0 (the method). ``ema``: θ ← θ̄, EMA never reset (ablation "reset to EMA").
+``init``: θ ← θ0 (ablation "reset to init"; the EMA restarts at θ0 too, so it always averages the current
+iteration). ``none``: only track θ̄ and never reset (ablation "EMA only": evaluate the EMA)."""
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """What a reset did, for the caller's logs."""
+
+    step: int
+    """The value of :attr:`ElasticReset.num_steps` at which the reset happened (1-based: the n-th ``step()``)."""
+    index: int
+    """1 for the first reset of the run, 2 for the second, ..."""
+    mode: str
+    """The mode that decided what was reset (see :data:`MODES`)."""
+    distance: float
+    """L2 distance ‖θ − θ̄‖ over the covered tensors just before the reset."""
+
+
+def _as_named_params(
+    model_or_params: nn.Module | Iterable[nn.Parameter] | Iterable[tuple[str, nn.Parameter]],
+) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(model_or_params, nn.Module):
+        return [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
+    if isinstance(model_or_params, torch.Tensor):
+        raise ValueError("model_or_params: expected a module or an iterable of parameters, got a single tensor")
+    named = []
+    for i, item in enumerate(model_or_params):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            named.append((item[0], item[1]))
+        elif isinstance(item, torch.Tensor):
+            named.append((f"param_{i}", item))
+        else:
+            raise ValueError(
+                f"model_or_params: item {i} is a {type(item).__name__}; expected a tensor or a (name, tensor) pair"
+            )
+    return named
+
+
+def _exclude_fn(exclude: Callable[[str], bool] | str | Sequence[str] | None) -> Callable[[str], bool]:
+    if exclude is None:
+        return lambda name: False
+    if callable(exclude):
+        return exclude
+    patterns = [exclude] if isinstance(exclude, str) else list(exclude)
+    compiled = [re.compile(p) for p in patterns]
+    return lambda name: any(c.search(name) for c in compiled)
+
+
+class ElasticReset:
+    """EMA tracking and resets for a set of trainable tensors (a model's, or an explicit list).
+
+    Call :meth:`step` once after every optimizer step (or whatever unit the schedule counts: the authors' IMDB
+    code stepped once per rollout iteration; see ``SYSTEM.md``). It updates the EMA and, when the schedule says
+    so, resets; it returns the :class:`ResetEvent` of that reset, or ``None``.
+
+    Args:
+        model_or_params: a module (its parameters with ``requires_grad=True`` are covered; with a peft LoRA model
+            that is the adapter weights only), or an iterable of tensors or ``(name, tensor)`` pairs.
+        decay: η in (0, 1), the weight of the old EMA in each update.
+        reset_every: reset every this many steps (steps n, 2n, ...; never at step 0). Required for every mode but
+            ``"none"`` unless ``schedule`` is given.
+        mode: one of :data:`MODES`.
+        device: where the EMA and θ0 live (default CPU, whatever the model's device).
+        schedule: a callable ``step -> bool`` deciding when to reset, instead of ``reset_every``. It is called with
+            the 1-based step count after each EMA update.
+        exclude: names to leave out when given a module: a callable ``name -> bool``, or regex(es) searched in the
+            name (e.g. ``"v_head"`` for a value head).
+        optimizer: the optimizer that trains these tensors; only needed for ``reset_optimizer_state``.
+        reset_optimizer_state: also drop the optimizer's state (e.g. Adam moments) of the reset tensors, so they
+            restart as under a fresh optimizer. Off by default, as in the authors' code.
+        dtype: dtype of the EMA and θ0 copies (fp32 by default, even for a bf16 model: a bf16 EMA with η=0.995
+            would round most updates away).
+    """
+
+    def __init__(
+        self,
+        model_or_params: nn.Module | Iterable[nn.Parameter] | Iterable[tuple[str, nn.Parameter]],
+        decay: float = 0.995,
+        reset_every: int | None = None,
+        mode: str = "elastic",
+        device: str | torch.device = "cpu",
+        schedule: Callable[[int], bool] | None = None,
+        exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        reset_optimizer_state: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
+            raise ValueError(f"decay: expected a number strictly between 0 and 1, got {decay!r}")
+        if reset_every is not None and (isinstance(reset_every, bool) or not isinstance(reset_every, int)
+                                        or reset_every < 1):
+            raise ValueError(f"reset_every: expected an integer >= 1, got {reset_every!r}")
+        if reset_every is not None and schedule is not None:
+            raise ValueError("reset_every: give either reset_every or schedule, not both")
+        if schedule is not None and not callable(schedule):
+            raise ValueError(f"schedule: expected a callable step -> bool, got {type(schedule).__name__}")
+        if mode != "none" and reset_every is None and schedule is None:
+            raise ValueError(f"reset_every: mode {mode!r} resets, so it needs reset_every (or a schedule)")
+        if reset_optimizer_state and optimizer is None:
+            raise ValueError("optimizer: reset_optimizer_state=True needs the optimizer")
+
+        skip = _exclude_fn(exclude)
+        named = [(n, p) for n, p in _as_named_params(model_or_params) if not skip(n)]
+        if not named:
+            raise ValueError(
+                "model_or_params: no parameters to cover (none with requires_grad=True, or all excluded)"
+            )
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError("model_or_params: parameter names must be unique")
+
+        self.names: list[str] = names
+        self.params: list[torch.Tensor] = [p for _, p in named]
+        self.decay = float(decay)
+        self.reset_every = reset_every
+        self.mode = mode
+        self.schedule = schedule
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.reset_optimizer_state = reset_optimizer_state
+        self.num_steps = 0
+        self.num_resets = 0
+        with torch.no_grad():
+            self.init = [p.detach().to(self.device, dtype, copy=True) for p in self.params]
+            self.ema = [t.clone() for t in self.init]
+        # A parameter whose device and dtype already match its EMA copy is read in place; the others are
+        # converted on each update (one fused copy into a reused buffer, not one allocation per tensor per step).
+        self._direct = all(p.device == self.device and p.dtype == dtype for p in self.params)
+        self._buffer: list[torch.Tensor] | None = None
+
+    # ----------------------------------------------------------------------------------------------- updates
+    def _params_in_ema_space(self) -> list[torch.Tensor]:
+        if self._direct:
+            return [p.detach() for p in self.params]
+        if self._buffer is None:
+            self._buffer = [torch.empty_like(e) for e in self.ema]
+        torch._foreach_copy_(self._buffer, [p.detach() for p in self.params])
+        return self._buffer
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """θ̄ ← (1 − η)·θ + η·θ̄ (= lerp of θ̄ towards θ with weight 1 − η). Does not count a step."""
+        torch._foreach_lerp_(self.ema, self._params_in_ema_space(), 1.0 - self.decay)
+
+    def should_reset(self, step: int) -> bool:
+        """Whether the schedule resets at 1-based step ``step`` (never at step 0, never in mode ``"none"``)."""
+        if self.mode == "none" or step <= 0:
+            return False
+        if self.schedule is not None:
+            return bool(self.schedule(step))
+        return step % self.reset_every == 0
+
+    def step(self, update_ema: bool = True) -> ResetEvent | None:
+        """Count one step: update the EMA (unless ``update_ema=False``, for callers that update it on another
+        clock), then reset if the schedule says so. Returns the reset's event, or ``None``."""
+        if update_ema:
+            self.update()
+        self.num_steps += 1
+        if self.should_reset(self.num_steps):
+            return self.reset()
+        return None
+
+    @torch.no_grad()
+    def reset(self) -> ResetEvent:
+        """Reset now, as the mode says, whatever the schedule. Returns the event."""
+        if self.mode == "none":
+            raise RuntimeError("mode 'none' never resets")
+        distance = self.distance()
+        if self.mode in ("elastic", "ema"):
+            torch._foreach_copy_([p.data for p in self.params], self.ema)  # θ ← θ̄
+        if self.mode == "init":
+            torch._foreach_copy_([p.data for p in self.params], self.init)  # θ ← θ0
+        if self.mode in ("elastic", "init"):
+            torch._foreach_copy_(self.ema, self.init)  # θ̄ ← θ0
+        if self.reset_optimizer_state:
+            for p in self.params:
+                self.optimizer.state.pop(p, None)
+        self.num_resets += 1
+        return ResetEvent(step=self.num_steps, index=self.num_resets, mode=self.mode, distance=distance)
+
+    # --------------------------------------------------------------------------------------------- inspection
+    @torch.no_grad()
+    def distance(self) -> float:
+        """‖θ − θ̄‖₂ over all covered tensors (how far the policy has moved from its average)."""
+        diffs = torch._foreach_sub(self._params_in_ema_space(), self.ema)
+        norms = torch._foreach_norm(diffs)
+        return math.sqrt(sum(float(n) ** 2 for n in norms))
+
+    def ema_state(self) -> dict[str, torch.Tensor]:
+        """The EMA weights by parameter name (fp32, on :attr:`device`): for saving or loading an EMA model."""
+        return dict(zip(self.names, self.ema))
+
+    @contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        """Evaluate with the EMA swapped into the model; the policy's own weights are restored exactly after.
+
+        >>> with er.ema_weights():
+        ...     eval_reward = evaluate(model)
+        """
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in self.params]
+            torch._foreach_copy_([p.data for p in self.params], self.ema)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_([p.data for p in self.params], saved)
+
+    # ------------------------------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-for-bit: EMA, θ0, counters, and the every-N schedule.
+
+        Tensors are returned by reference (as ``nn.Module.state_dict`` does); ``torch.save`` copies them. A
+        callable ``schedule`` cannot be saved: pass the same one again when resuming.
+        """
+        return {
+            "names": list(self.names),
+            "ema": list(self.ema),
+            "init": list(self.init),
+            "num_steps": self.num_steps,
+            "num_resets": self.num_resets,
+            "decay": self.decay,
+            "mode": self.mode,
+            "reset_every": self.reset_every,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. Names and shapes must match the covered tensors."""
+        missing = {"names", "ema", "init", "num_steps", "num_resets", "decay", "mode", "reset_every"} - set(state)
+        if missing:
+            raise ValueError(f"state: missing keys {sorted(missing)}")
+        if list(state["names"]) != self.names:
+            extra = sorted(set(state["names"]) - set(self.names))[:5]
+            absent = sorted(set(self.names) - set(state["names"]))[:5]
+            raise ValueError(
+                f"state['names']: the saved parameters do not match the covered ones "
+                f"(saved only: {extra}, covered only: {absent}, or a different order)"
+            )
+        for key in ("ema", "init"):
+            for name, saved, mine in zip(self.names, state[key], self.ema):
+                if tuple(saved.shape) != tuple(mine.shape):
+                    raise ValueError(
+                        f"state[{key!r}]: shape of {name!r} is {tuple(saved.shape)}, expected {tuple(mine.shape)}"
+                    )
+        if state["mode"] not in MODES:
+            raise ValueError(f"state['mode']: expected one of {MODES}, got {state['mode']!r}")
+        with torch.no_grad():
+            torch._foreach_copy_(self.ema, [t.to(self.device, self.dtype) for t in state["ema"]])
+            torch._foreach_copy_(self.init, [t.to(self.device, self.dtype) for t in state["init"]])
+        self.num_steps = int(state["num_steps"])
+        self.num_resets = int(state["num_resets"])
+        self.decay = float(state["decay"])
+        self.mode = state["mode"]
+        if self.schedule is None:
+            self.reset_every = state["reset_every"]
+
+    def __repr__(self) -> str:
+        numel = sum(t.numel() for t in self.ema)
+        when = f"reset_every={self.reset_every}" if self.schedule is None else "schedule=<callable>"
+        return (f"ElasticReset(mode={self.mode!r}, decay={self.decay}, {when}, tensors={len(self.ema)}, "
+                f"numel={numel}, device={self.device}, step={self.num_steps}, resets={self.num_resets})")

