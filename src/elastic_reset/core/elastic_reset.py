@@ -14,6 +14,7 @@ the method is cheap), and every update is a fused ``torch._foreach_*`` call over
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -73,6 +74,17 @@ def _exclude_fn(exclude: Callable[[str], bool] | str | Sequence[str] | None) -> 
     return lambda name: any(c.search(name) for c in compiled)
 
 
+def _check_decay(decay: Any, key: str) -> None:
+    if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0.0 < decay < 1.0:
+        raise ValueError(f"{key}: expected a number strictly between 0 and 1, got {decay!r}")
+
+
+def _check_reset_every(reset_every: Any, key: str) -> None:
+    if reset_every is not None and (isinstance(reset_every, bool) or not isinstance(reset_every, numbers.Integral)
+                                    or reset_every < 1):
+        raise ValueError(f"{key}: expected an integer >= 1, got {reset_every!r}")
+
+
 class ElasticReset:
     """EMA tracking and resets for a set of trainable tensors (a model's, or an explicit list).
 
@@ -114,11 +126,8 @@ class ElasticReset:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
-            raise ValueError(f"decay: expected a number strictly between 0 and 1, got {decay!r}")
-        if reset_every is not None and (isinstance(reset_every, bool) or not isinstance(reset_every, int)
-                                        or reset_every < 1):
-            raise ValueError(f"reset_every: expected an integer >= 1, got {reset_every!r}")
+        _check_decay(decay, "decay")
+        _check_reset_every(reset_every, "reset_every")
         if reset_every is not None and schedule is not None:
             raise ValueError("reset_every: give either reset_every or schedule, not both")
         if schedule is not None and not callable(schedule):
@@ -141,7 +150,7 @@ class ElasticReset:
         self.names: list[str] = names
         self.params: list[torch.Tensor] = [p for _, p in named]
         self.decay = float(decay)
-        self.reset_every = reset_every
+        self.reset_every = None if reset_every is None else int(reset_every)
         self.mode = mode
         self.schedule = schedule
         self.device = torch.device(device)
@@ -267,6 +276,8 @@ class ElasticReset:
                 f"(saved only: {extra}, covered only: {absent}, or a different order)"
             )
         for key in ("ema", "init"):
+            if len(state[key]) != len(self.names):
+                raise ValueError(f"state[{key!r}]: {len(state[key])} tensors, expected {len(self.names)}")
             for name, saved, mine in zip(self.names, state[key], self.ema):
                 if tuple(saved.shape) != tuple(mine.shape):
                     raise ValueError(
@@ -274,6 +285,11 @@ class ElasticReset:
                     )
         if state["mode"] not in MODES:
             raise ValueError(f"state['mode']: expected one of {MODES}, got {state['mode']!r}")
+        _check_decay(state["decay"], "state['decay']")
+        _check_reset_every(state["reset_every"], "state['reset_every']")
+        if self.schedule is None and state["reset_every"] is None and state["mode"] != "none":
+            raise ValueError("state['reset_every']: the state was saved with a callable schedule; pass the same "
+                             "schedule when resuming")
         with torch.no_grad():
             torch._foreach_copy_(self.ema, [t.to(self.device, self.dtype) for t in state["ema"]])
             torch._foreach_copy_(self.init, [t.to(self.device, self.dtype) for t in state["init"]])
@@ -282,7 +298,7 @@ class ElasticReset:
         self.decay = float(state["decay"])
         self.mode = state["mode"]
         if self.schedule is None:
-            self.reset_every = state["reset_every"]
+            self.reset_every = None if state["reset_every"] is None else int(state["reset_every"])
 
     def __repr__(self) -> str:
         numel = sum(t.numel() for t in self.ema)

@@ -1,0 +1,222 @@
+"""Elastic Reset inside TRL's ``GRPOTrainer`` / ``RLOOTrainer`` and any Hugging Face ``Trainer``, as a callback.
+
+Elastic Reset paper §3 (Noukhovitch et al., NeurIPS 2023): keep an EMA θ̄ of the policy's weights, updated after
+every optimizer step, and every n steps reset the policy to it (θ ← θ̄) and the EMA to the initial weights
+(θ̄ ← θ0). The trainers need no change for that, only four of their callback hooks, so this module depends on
+``transformers`` alone; ``trl`` is never imported here. Where each hook fires, in transformers 5.23 ``trainer.py``:
+
+- ``on_train_begin`` (``_inner_training_loop``): after the model, optimizer, scheduler and ``trainer_state.json``
+  of a resumed checkpoint are loaded, before the first step. The EMA and θ0 are taken here, or loaded on resume.
+- ``on_step_end`` (``_run_epoch``): once per optimizer step, after gradient accumulation, ``optimizer.step()``,
+  the scheduler step, ``zero_grad`` and ``global_step += 1``, and before that step's logging and checkpointing.
+- ``on_log`` (``Trainer.log``): *after* a copy of ``logs`` was appended to ``state.log_history``, and for each
+  callback in list order, reporting integrations (W&B, TensorBoard, ...) before the callbacks the user passed.
+- ``on_save`` (``_maybe_log_save_evaluate``): after ``checkpoint-{global_step}`` is fully written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from elastic_reset.core import ElasticReset, ResetEvent
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "elastic_reset.pt"
+"""The file this callback adds to each ``checkpoint-{global_step}`` folder."""
+
+
+class ElasticResetCallback(TrainerCallback):
+    """Applies Elastic Reset (paper §3) to the model a ``Trainer`` trains: GRPO, RLOO, or any other.
+
+    >>> callback = ElasticResetCallback(decay=0.995, reset_every=260)
+    >>> trainer = GRPOTrainer(model=..., reward_funcs=..., args=..., train_dataset=..., callbacks=[callback])
+    >>> trainer.train()          # or trainer.train(resume_from_checkpoint=True): the EMA, θ0 and schedule continue
+    >>> callback.elastic_reset   # the ElasticReset: ema_weights() to evaluate the EMA, num_resets, ...
+
+    The arguments are :class:`~elastic_reset.ElasticReset`'s. It covers the parameters of the trainer's model
+    that have ``requires_grad`` (with a peft model, the adapters only), minus ``exclude``; θ0 and the EMA are
+    taken when training begins. The schedule counts optimizer steps: with gradient accumulation, one step is one
+    ``optimizer.step()``, not one micro-batch. TRL's reference model (``beta > 0``) is a separate model and is
+    untouched; with peft, the reference is the base model with adapters disabled, also untouched. TRL generates
+    with the reset weights from the next step on (it syncs vLLM whenever ``global_step`` moved); completions
+    buffered before a reset (``steps_per_generation`` > gradient accumulation, or ``num_iterations`` > 1) are
+    trained on with the importance ratio against their old log-probs, as any off-policy step.
+
+    Logs: every log gets ``elastic_reset/resets`` (resets so far) and ``elastic_reset/distance`` (‖θ − θ̄‖ now),
+    both in ``trainer.state.log_history`` and in the ``logs`` seen by the callbacks after this one (the console
+    and progress printers). transformers runs reporting integrations before the callbacks the user passes
+    (``Trainer.__init__``: ``DEFAULT_CALLBACKS + reporting callbacks + callbacks``); call :meth:`attach` to move this
+    callback first so that W&B, TensorBoard, ... see the two metrics too. :attr:`events` lists every reset.
+
+    Checkpoints: each ``checkpoint-{global_step}`` folder gets ``elastic_reset.pt`` (EMA, θ0, counters, events),
+    and a resumed run loads it back, so θ0 is the run's true initial weights, not the resumed ones. transformers
+    does not tell callbacks which folder ``train(resume_from_checkpoint=...)`` loaded: the callback reads it from
+    the trainer's call stack (see :func:`_resumed_checkpoint`), else looks in ``{output_dir}/checkpoint-{step}``;
+    ``resume_from`` overrides both. It refuses a state file whose step or weights do not match the resumed model.
+    Single process or DDP; the saving rank writes the file (``args.should_save``). Not for hyperparameter search
+    (its checkpoints live in per-trial folders) nor for sharded parameters (FSDP, DeepSpeed ZeRO-3).
+
+    Args:
+        decay, reset_every, mode, device, schedule, exclude, reset_optimizer_state: as in
+            :class:`~elastic_reset.ElasticReset` (the optimizer is the trainer's).
+        resume_from: checkpoint folder to read ``elastic_reset.pt`` from on resume, instead of the one the
+            trainer resumes from.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.995,
+        reset_every: int | None = None,
+        mode: str = "elastic",
+        device: str | torch.device = "cpu",
+        schedule: Callable[[int], bool] | None = None,
+        exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
+        reset_optimizer_state: bool = False,
+        resume_from: str | os.PathLike | None = None,
+    ) -> None:
+        self.options = dict(decay=decay, reset_every=reset_every, mode=mode, device=torch.device(device),
+                            schedule=schedule, exclude=exclude, reset_optimizer_state=reset_optimizer_state)
+        self.resume_from = resume_from
+        self.elastic_reset: ElasticReset | None = None
+        """Built when training begins; None before."""
+        self.events: list[ResetEvent] = []
+        """Every reset of the run, resumed ones included."""
+        # Fail now, not when training begins, on bad arguments: build one over a throwaway parameter.
+        probe = torch.nn.Parameter(torch.zeros(1))
+        self._build([("probe", probe)], torch.optim.SGD([probe], lr=0.0), device="cpu", exclude=None)
+
+    def _build(self, params: Any, optimizer: torch.optim.Optimizer | None, **override: Any) -> ElasticReset:
+        options = {**self.options, **override}
+        if not options["reset_optimizer_state"]:
+            optimizer = None
+        elif optimizer is None:
+            raise ValueError("reset_optimizer_state=True, but the trainer passed no optimizer to the callback")
+        return ElasticReset(params, optimizer=optimizer, **options)
+
+    def attach(self, trainer: Any) -> ElasticResetCallback:
+        """Add this callback to ``trainer`` (or move it) in first place, so that its metrics are in ``logs``
+        before any reporting integration reads them, and its reset happens before other callbacks' step ends."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
+
+    # ----------------------------------------------------------------------------------------------- hooks
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if model is None:
+            raise ValueError("ElasticResetCallback: the trainer passed no model to on_train_begin")
+        self.elastic_reset = self._build(model, optimizer)
+        self.events = []
+        # Resuming is the only way a run begins past step 0 (Trainer._init_training_state), and by now the model,
+        # optimizer and trainer state are the checkpoint's: the EMA and θ0 must be too.
+        if state.global_step > 0:
+            self._load(args, state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        event = self.elastic_reset.step()
+        if event is not None:
+            self.events.append(event)
+            logger.info("Elastic Reset #%d (%s) at step %d: the policy was %.4g from its EMA",
+                        event.index, event.mode, state.global_step, event.distance)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.elastic_reset is None or logs is None:
+            return
+        metrics = {"elastic_reset/resets": self.elastic_reset.num_resets,
+                   "elastic_reset/distance": self.elastic_reset.distance()}
+        # Trainer.log appended {**logs, "step": global_step} to log_history *before* calling on_log, so updating
+        # `logs` in place reaches the later callbacks but not the history: update its last entry too.
+        history = state.log_history
+        if history and history[-1].get("step") == state.global_step and set(logs) <= set(history[-1]):
+            history[-1].update(metrics)
+        logs.update(metrics)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.elastic_reset is None or not args.should_save:
+            return
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(
+                f"{folder}: the trainer saved a checkpoint, but not in this folder, so ElasticResetCallback cannot "
+                f"add its {STATE_FILE} to it (hyperparameter search writes per-trial folders; it is not supported)")
+        payload = {
+            "format": 1,
+            "global_step": state.global_step,
+            "elastic_reset": self.elastic_reset.state_dict(),
+            "events": [dataclasses.asdict(e) for e in self.events],
+            "distance": self.elastic_reset.distance(),  # a fingerprint of the weights it belongs with
+        }
+        # A temporary sibling, then an atomic rename: a crash mid-write never leaves a truncated state file.
+        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        try:
+            torch.save(payload, tmp)
+            os.replace(tmp, os.path.join(folder, STATE_FILE))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    # ----------------------------------------------------------------------------------------------- resume
+    def _load(self, args, state) -> None:
+        folder = (self.resume_from or _resumed_checkpoint()
+                  or os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{path}: no Elastic Reset state to resume from. Training resumes at step {state.global_step}, and "
+                f"without this file the EMA, θ0 and reset schedule cannot continue (a checkpoint saved without "
+                f"ElasticResetCallback cannot be resumed with it). If the trainer resumed from another folder, "
+                f"pass ElasticResetCallback(resume_from=<that folder>).")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved["global_step"] != state.global_step:
+            raise ValueError(f"{path}: saved at step {saved['global_step']}, but training resumes at step "
+                             f"{state.global_step}: it belongs to another checkpoint")
+        er = self.elastic_reset
+        mine = (er.decay, er.mode, er.reset_every)
+        try:
+            er.load_state_dict(saved["elastic_reset"])
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from error
+        if (er.decay, er.mode, er.reset_every) != mine:
+            logger.warning("%s: continuing with the saved decay/mode/reset_every %s, not the given %s",
+                           path, (er.decay, er.mode, er.reset_every), mine)
+        distance = er.distance()
+        if not math.isclose(distance, saved["distance"], rel_tol=1e-4):
+            raise ValueError(
+                f"{path}: the resumed model is {distance:.6g} from the saved EMA, but was {saved['distance']:.6g} "
+                f"when this file was saved: it does not belong with the weights the trainer resumed from")
+        self.events = [ResetEvent(**e) for e in saved["events"]]
+
+
+def _resumed_checkpoint() -> str | None:
+    """The folder ``Trainer.train(resume_from_checkpoint=...)`` is resuming from, or None if it cannot be found.
+
+    transformers passes callbacks neither that folder nor the trainer, and the folder may lie outside
+    ``output_dir``. ``on_train_begin`` is called from ``Trainer._inner_training_loop``, whose argument
+    ``resume_from_checkpoint`` is that folder (``True`` already resolved to the last checkpoint by ``train``), so it
+    is read from that frame of the call stack. Best effort: the caller falls back to
+    ``{output_dir}/checkpoint-{global_step}``, and checks that the state file found matches the resumed model.
+    """
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_inner_training_loop" and isinstance(frame.f_locals.get("self"), Trainer):
+            folder = frame.f_locals.get("resume_from_checkpoint")
+            return os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
+        frame = frame.f_back
+    return None
