@@ -1,0 +1,508 @@
+"""Small, explicit numeric helpers of the RL engine: masked statistics, KL estimators and controllers, GAE,
+per-token rewards, the PPO losses, entropies and log-probabilities, RLOO advantages, a REINFORCE baseline.
+
+They follow OpenAI's lm-human-preferences (Ziegler et al. 2019) as reimplemented in PyTorch by Huang et al.
+("The N Implementation Details of RLHF with PPO", lm-human-preference-details), CleanRL's PPO, and TRL's PPO.
+
+Conventions (shared by every function here):
+
+- Per-token tensors are ``[B, T]`` over the RESPONSE tokens only (the prompt is not part of them).
+- ``mask`` is a ``[B, T]`` float or bool tensor; nonzero marks a real response token. A response may end early
+  (EOS); the tokens after it are padding (mask 0), so masks are right-padded: ``1 … 1 0 … 0``. The EOS token
+  itself is a real token.
+- Padding never contributes to anything: every reduction selects with ``torch.where`` rather than multiplying
+  by the mask, so NaN/inf garbage in padded slots cannot leak (``nan * 0`` is ``nan``), and inputs are
+  sanitised at padded slots before any ``exp`` so that gradients stay finite too.
+- Half-precision inputs (bf16/fp16) are upcast: every result here is at least fp32.
+- Errors are ``ValueError("<argument name>: <what is wrong>")``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "MovingAverageBaseline",
+    "entropy_from_logits",
+    "gae",
+    "kl_estimate",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "ppo_policy_loss",
+    "rloo_advantages",
+    "token_rewards",
+    "value_loss",
+    "whiten",
+]
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""The per-token KL estimators :func:`kl_estimate` knows (Schulman, "Approximating KL divergence", 2020)."""
+
+# logprobs_from_logits upcasts half-precision logits to fp32 this many elements at a time (64 MiB of fp32), so
+# the fp32 copy of a [B, T, V] tensor never exists all at once in the forward pass.
+_LOGPROB_CHUNK_ELEMS = 1 << 24
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """Upcast half precision to fp32 (sums of thousands of bf16 terms lose most of their digits); keep fp32/64."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) or not x.is_floating_point() else x
+
+
+def _check_same_shape(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.shape != ref.shape:
+        raise ValueError(f"{name}: shape {tuple(t.shape)} does not match {ref_name}'s {tuple(ref.shape)}")
+
+
+def _as_bool(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_right_padded(mask: torch.Tensor) -> torch.Tensor:
+    """Return the bool mask after checking it is [B, T] and right-padded (no real token after a padded one).
+
+    GAE and :func:`token_rewards` rely on it: the token before the first padded slot is the episode's last.
+    (One host sync; these run once per rollout, not per minibatch.)
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"mask: expected a [batch, T] tensor, got shape {tuple(mask.shape)}")
+    m = _as_bool(mask)
+    if m.shape[1] > 1 and bool((m[:, 1:] & ~m[:, :-1]).any()):
+        raise ValueError("mask: expected right padding (1 ... 1 0 ... 0 per row); found a real token after padding")
+    return m
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _check_unit_interval(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _scalar(name: str, value: Any) -> float:
+    """A Python float from a number or a one-element tensor; NaN/inf refused (it would poison the state)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name}: expected a scalar, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------ masked statistics
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """Σ_{mask≠0} x, over all elements (``dim=None``) or along ``dim``.
+
+    Padded slots are dropped with ``torch.where``, so NaN/inf there does not leak (and gets no gradient).
+    """
+    _check_same_shape("mask", mask, "x", x)
+    selected = torch.where(_as_bool(mask), _float(x), 0.0)
+    return selected.sum() if dim is None else selected.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """Σ_{mask≠0} x / #{mask≠0}, over all elements (``dim=None``: one token-level mean, as lm-human-preferences
+    and TRL average their losses) or along ``dim`` (e.g. ``dim=1``: a per-sequence mean).
+
+    A selection with no real token gives 0, not NaN (its count is clamped to 1): an empty row then adds nothing.
+    """
+    _check_same_shape("mask", mask, "x", x)
+    m = _as_bool(mask)
+    total = masked_sum(x, m, dim)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the real tokens: mean_{mask}((x − mean_{mask} x)²), times n/(n−1) if ``unbiased`` (Bessel).
+
+    As in lm-human-preference-details / TRL's ``masked_var``. Needs n ≥ 2 real tokens when unbiased (n ≥ 1
+    otherwise); the check syncs with the device once.
+    """
+    _check_same_shape("mask", mask, "x", x)
+    m = _as_bool(mask)
+    n = int(m.sum())
+    if n < (2 if unbiased else 1):
+        raise ValueError(f"mask: {n} real token(s); the {'unbiased ' if unbiased else ''}variance needs more")
+    xf = _float(x)
+    mean = masked_mean(xf, m)
+    var = masked_mean((xf - mean) ** 2, m)
+    return var * (n / (n - 1)) if unbiased else var
+
+
+def whiten(
+    x: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x − μ) / sqrt(σ² + eps) with μ, σ² the masked mean and unbiased variance; plus μ if not ``shift_mean``.
+
+    lm-human-preferences whitens advantages with ``shift_mean=True`` and rewards with ``shift_mean=False``
+    (only the scale is normalised, so the reward keeps its sign/level). Padded slots of the result are 0.
+    ``mask=None`` whitens over all elements.
+    """
+    m = torch.ones_like(x, dtype=torch.bool) if mask is None else _as_bool(mask)
+    _check_same_shape("mask", m, "x", x)
+    # Zero the padding first: NaN there would otherwise reach the gradient through (x − μ)·s (0·NaN = NaN).
+    xf = torch.where(m, _float(x), 0.0)
+    mean = masked_mean(xf, m)
+    var = masked_var(xf, m, unbiased=True)
+    out = (xf - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    # Padding gets 0 rather than a whitened garbage value, so a later unmasked op cannot pick it up by accident.
+    return torch.where(m, out, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------------- KL
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from tokens sampled from π (Schulman, "Approximating KL divergence").
+
+    With log r = ref_logp − logp (r = π_ref(y)/π(y), y ~ π):
+
+    - ``"k1"`` = −log r = logp − ref_logp: unbiased, high variance, can be negative per token. The penalty of
+      Ziegler et al. 2019 / lm-human-preferences / TRL's PPO.
+    - ``"k2"`` = ½(log r)²: biased, low variance, ≥ 0.
+    - ``"k3"`` = (r − 1) − log r: unbiased and ≥ 0 (log r ≤ r − 1), lower variance than k1 when π ≈ π_ref;
+      GRPO's penalty. It blows up when π_ref(y) ≫ π(y) (r is exponentiated).
+
+    Returned per token (``[B, T]``), fp32 at least; the caller masks/sums.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator: expected one of {KL_ESTIMATORS}, got {estimator!r}")
+    _check_same_shape("ref_logp", ref_logp, "logp", logp)
+    log_r = _float(ref_logp) - _float(logp)
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    # expm1 keeps the digits of r − 1 when r ≈ 1 (the usual case); the clamp removes the last-ulp negatives of
+    # rounding, since the exact value is ≥ 0 (its gradient there, r − 1, is ~0 anyway).
+    return (torch.expm1(log_r) - log_r).clamp(min=0.0)
+
+
+class AdaptiveKLController:
+    """The adaptive KL coefficient β of Ziegler et al. 2019 ("Fine-Tuning Language Models from Human
+    Preferences", §2.2), as in lm-human-preferences and TRL:
+
+        e = clip(KL / target − 1, −0.2, 0.2);   β ← β · (1 + e · n_steps / horizon)
+
+    ``KL`` is the measured KL of the last rollout (lm-human-preferences: the per-sequence sum of the k1 estimate,
+    averaged over sequences) and ``n_steps`` the number of samples (sequences) it came from. The clip bounds the
+    change per update, so β moves at most by a factor (1 ± 0.2·n_steps/horizon).
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float) -> None:
+        if (isinstance(init_kl_coef, bool) or not isinstance(init_kl_coef, (int, float))
+                or not math.isfinite(init_kl_coef) or init_kl_coef < 0):
+            raise ValueError(f"init_kl_coef: expected a finite number >= 0, got {init_kl_coef!r}")
+        self.value = float(init_kl_coef)
+        self.target = _check_positive("target", target)
+        self.horizon = _check_positive("horizon", horizon)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """Move β towards the KL target; returns the new β."""
+        kl = _scalar("current_kl", current_kl)
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
+            raise ValueError(f"n_steps: expected an integer >= 0, got {n_steps!r}")
+        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        # Only the state: target and horizon are configuration and come from the config on resume.
+        return {"value": self.value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.value = _load_coef(state)
+
+    def __repr__(self) -> str:
+        return f"AdaptiveKLController(value={self.value:g}, target={self.target:g}, horizon={self.horizon:g})"
+
+
+class FixedKLController:
+    """A constant KL coefficient β with :class:`AdaptiveKLController`'s interface (``update`` does nothing)."""
+
+    def __init__(self, kl_coef: float) -> None:
+        if (isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float))
+                or not math.isfinite(kl_coef) or kl_coef < 0):
+            raise ValueError(f"kl_coef: expected a finite number >= 0, got {kl_coef!r}")
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """No-op (β is fixed); returns β."""
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.value = _load_coef(state)
+
+    def __repr__(self) -> str:
+        return f"FixedKLController(value={self.value:g})"
+
+
+def _load_coef(state: Mapping[str, Any]) -> float:
+    if not isinstance(state, Mapping) or "value" not in state:
+        raise ValueError("state: expected a mapping with key 'value' (from state_dict())")
+    value = _scalar("state['value']", state["value"])
+    if value < 0:
+        raise ValueError(f"state['value']: expected a KL coefficient >= 0, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------- rewards and GAE
+def token_rewards(score: torch.Tensor, kl_penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards: r_t = −kl_penalty_t, plus the sequence's ``score`` at its LAST real token.
+
+    ``kl_penalty`` is β·KL_t per token, already multiplied by the caller (``[B, T]``); ``score`` is the reward
+    model's score per sequence (``[B]``). As in Ziegler et al. 2019 / lm-human-preferences / TRL's PPO: the
+    task reward is sparse (end of episode), the KL penalty is dense. Padded slots are 0. Every response needs
+    at least one real token (the score must land somewhere).
+    """
+    m = _check_right_padded(mask)
+    _check_same_shape("kl_penalty", kl_penalty, "mask", mask)
+    if score.shape != (m.shape[0],):
+        raise ValueError(f"score: expected shape ({m.shape[0]},) (one per response), got {tuple(score.shape)}")
+    lengths = m.sum(dim=1)
+    if bool((lengths == 0).any()):
+        raise ValueError("mask: a response has no real token, so its score has nowhere to go")
+    rewards = torch.where(m, -_float(kl_penalty), 0.0)
+    last = (lengths - 1).unsqueeze(1)  # right padding: the last real token is at length − 1
+    return rewards.scatter_add(1, last, _float(score).to(rewards.dtype).unsqueeze(1))
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over the response tokens, per sequence:
+
+        δ_t = r_t + γ·V_{t+1} − V_t,    A_t = δ_t + γλ·A_{t+1},    returns_t = A_t + V_t
+
+    where the step after a response's last real token is terminal (V = 0, A = 0): responses of different lengths
+    in one batch each end at their own last token, and nothing from the padding flows back into them. A response
+    cut at the length limit is treated as terminal too, as lm-human-preferences and TRL do (its score is given at
+    that last token). A reverse loop over T, vectorised over the batch (CleanRL / lm-human-preference-details).
+
+    Returns ``(advantages, returns)``, ``[B, T]``, fp32 at least, 0 at padded slots, without gradient (they are
+    targets). Whitening the advantages (``whiten(adv, mask)``) is the caller's choice.
+    """
+    m = _check_right_padded(mask)
+    _check_same_shape("rewards", rewards, "mask", mask)
+    _check_same_shape("values", values, "mask", mask)
+    gamma = _check_unit_interval("gamma", gamma)
+    lam = _check_unit_interval("lam", lam)
+    dtype = torch.promote_types(_float(rewards).dtype, _float(values).dtype)
+    # Zero the padded slots first: a padded V_{t+1} is then exactly the terminal value 0, and garbage (even NaN)
+    # in padding cannot reach a real token.
+    r = torch.where(m, rewards.to(dtype), 0.0)
+    v = torch.where(m, values.to(dtype), 0.0)
+    batch, steps = r.shape
+    advantages = torch.zeros_like(r)
+    last_gae = torch.zeros(batch, dtype=dtype, device=r.device)
+    next_value = torch.zeros(batch, dtype=dtype, device=r.device)
+    for t in reversed(range(steps)):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        # At a padded slot A = 0, so the last real token starts its own recursion from A_{t+1} = 0.
+        last_gae = torch.where(m[:, t], delta + gamma * lam * last_gae, 0.0)
+        advantages[:, t] = last_gae
+        next_value = v[:, t]
+    returns = torch.where(m, advantages + v, 0.0)
+    return advantages, returns
+
+
+# -------------------------------------------------------------------------------------------------- losses
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
+
+        ρ = exp(logp − old_logp);   loss = mean_{mask} max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε))
+
+    (the max of the negated objectives is the pessimistic min of the objectives). ``logp`` carries the gradient;
+    ``old_logp`` (from the rollout) and ``advantages`` are treated as constants.
+
+    Stats (detached 0-dim tensors, so that logging syncs once, where the caller chooses):
+    ``clipfrac``: share of real tokens where the clipped term is the one used (strictly larger);
+    ``approx_kl``: mean_{mask} of k3 = (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π_θ) (CleanRL's);
+    ``ratio_mean``: mean_{mask} ρ.
+    """
+    clip_range = _check_positive("clip_range", clip_range)
+    _check_same_shape("old_logp", old_logp, "logp", logp)
+    _check_same_shape("advantages", advantages, "logp", logp)
+    _check_same_shape("mask", mask, "logp", logp)
+    m = _as_bool(mask)
+    # Sanitise padding before exp: a huge padded log-ratio would give inf, and inf·0 = NaN in the backward pass.
+    log_ratio = torch.where(m, _float(logp) - _float(old_logp).detach(), 0.0)
+    adv = torch.where(m, _float(advantages).detach(), 0.0)
+    ratio = torch.exp(log_ratio)
+    pg_losses = -adv * ratio
+    pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = masked_mean(torch.maximum(pg_losses, pg_losses_clipped), m)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((pg_losses_clipped > pg_losses).float(), m),
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, m),
+            "ratio_mean": masked_mean(ratio, m),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range_value: float | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped value loss of lm-human-preferences / CleanRL / TRL:
+
+        V_clip = old_values + clip(values − old_values, −ε, ε)
+        loss = ½ · mean_{mask} max((values − R)², (V_clip − R)²)
+
+    ``clip_range_value=None`` disables clipping: ½ · mean_{mask} (values − R)². ``old_values`` (from the rollout)
+    and ``returns`` are constants. Stats: ``vf_clipfrac``, the share of real tokens where the clipped loss is
+    strictly larger (the one used), a detached 0-dim tensor.
+    """
+    _check_same_shape("old_values", old_values, "values", values)
+    _check_same_shape("returns", returns, "values", values)
+    _check_same_shape("mask", mask, "values", values)
+    m = _as_bool(mask)
+    v = torch.where(m, _float(values), 0.0)
+    target = torch.where(m, _float(returns).detach(), 0.0)
+    losses = (v - target) ** 2
+    if clip_range_value is None:
+        loss = 0.5 * masked_mean(losses, m)
+        return loss, {"vf_clipfrac": torch.zeros((), dtype=loss.dtype, device=loss.device)}
+    eps = _check_positive("clip_range_value", clip_range_value)
+    v_old = torch.where(m, _float(old_values).detach(), 0.0)
+    v_clipped = v_old + torch.clamp(v - v_old, -eps, eps)
+    losses_clipped = (v_clipped - target) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(losses, losses_clipped), m)
+    with torch.no_grad():
+        stats = {"vf_clipfrac": masked_mean((losses_clipped > losses).float(), m)}
+    return loss, stats
+
+
+# ------------------------------------------------------------------------------------------ logits helpers
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dim, per position: H = −Σ_v p_v log p_v with log p = z − logsumexp(z).
+
+    Computed in fp32 (bf16 input is upcast). Logits of −inf (vocabulary masked out, e.g. NLPO's top-p mask)
+    contribute 0, with finite gradients (their 0·(−inf) is replaced before it is formed).
+    """
+    z = _float(logits)
+    logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+    p = torch.exp(logp)
+    # masked_fill (not where after the product): the product's backward would see 0·(−inf) = NaN.
+    return -(p * logp.masked_fill(torch.isneginf(logp), 0.0)).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[..., labels]: the log-probability of each label, shape ``labels.shape``, fp32.
+
+    ``logits[..., t, :]`` must be the distribution that produced ``labels[..., t]`` (for a causal LM the caller
+    shifts: the logits at position i predict token i + 1). Labels must be valid token ids everywhere, padding
+    included (use the pad id, not −100; mask the result instead). Any sampling temperature must already be
+    applied to the logits (lm-human-preferences divides them by it).
+
+    Memory: fp32 logits are handled in one go (log_softmax, then gather). Half-precision logits are upcast in
+    chunks of rows, so that the full fp32 copy of a [B, T, V] tensor is never alive at once in the forward pass.
+    """
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels: shape {tuple(labels.shape)} does not match logits' leading shape {tuple(logits.shape[:-1])}"
+        )
+    if logits.dtype not in (torch.float16, torch.bfloat16):
+        logp = torch.log_softmax(_float(logits), dim=-1)
+        return torch.gather(logp, -1, labels.unsqueeze(-1)).squeeze(-1)
+    vocab = logits.shape[-1]
+    flat_logits = logits.reshape(-1, vocab)
+    flat_labels = labels.reshape(-1)
+    rows = max(1, _LOGPROB_CHUNK_ELEMS // max(vocab, 1))
+    pieces = []
+    for start in range(0, flat_logits.shape[0], rows):
+        chunk = torch.log_softmax(flat_logits[start : start + rows].float(), dim=-1)
+        pieces.append(torch.gather(chunk, -1, flat_labels[start : start + rows].unsqueeze(-1)).squeeze(-1))
+    out = torch.cat(pieces) if pieces else flat_logits.new_empty(0, dtype=torch.float32)
+    return out.reshape(labels.shape)
+
+
+# ------------------------------------------------------------------------------------ RLOO and REINFORCE
+def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"):
+
+        A_i = s_i − 1/(k − 1) · Σ_{j≠i} s_j   (j over the other samples of the same prompt)
+            = k/(k − 1) · (s_i − mean_j s_j)
+
+    ``scores`` is ``[B]`` with B = n_prompts·k and the k samples of each prompt CONTIGUOUS (as produced by
+    ``prompts.repeat_interleave(k, dim=0)``). The baseline of a sample excludes it, so it is unbiased.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ValueError(f"k: expected an integer >= 2 (samples per prompt; RLOO needs another sample), got {k!r}")
+    if scores.dim() != 1:
+        raise ValueError(f"scores: expected a 1-D tensor [n_prompts * k], got shape {tuple(scores.shape)}")
+    if scores.shape[0] % k != 0:
+        raise ValueError(f"k: {scores.shape[0]} scores are not a whole number of groups of k={k}")
+    s = _float(scores).view(-1, k)
+    baseline = (s.sum(dim=1, keepdim=True) - s) / (k - 1)
+    return (s - baseline).reshape(-1)
+
+
+class MovingAverageBaseline:
+    """An exponential moving average of the mean reward, the baseline of REINFORCE (Williams 1992):
+
+        b ← decay · b + (1 − decay) · mean_reward
+
+    ``value`` is ``None`` until the first :meth:`update`, which sets b to that batch's mean exactly (no zero
+    start, hence no bias towards 0 to correct, unlike an EMA initialised at 0). The caller decides what the
+    first batch uses: its own mean (typical: ``b = baseline.value if baseline.value is not None else
+    rewards.mean()``) or 0. Use the baseline before updating it with the current batch, so that it does not
+    depend on the samples it is subtracted from.
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
+        self.decay = float(decay)
+        self.value: float | None = None
+        self.num_updates = 0
+
+    def update(self, batch_mean_reward: float | torch.Tensor) -> float:
+        """Fold one batch's mean reward in; returns the new baseline."""
+        r = _scalar("batch_mean_reward", batch_mean_reward)
+        self.value = r if self.value is None else self.decay * self.value + (1.0 - self.decay) * r
+        self.num_updates += 1
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "num_updates": self.num_updates}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or "value" not in state:
+            raise ValueError("state: expected a mapping with key 'value' (from state_dict())")
+        value = state["value"]
+        self.value = None if value is None else _scalar("state['value']", value)
+        self.num_updates = int(state.get("num_updates", 0 if value is None else 1))
+
+    def __repr__(self) -> str:
+        return f"MovingAverageBaseline(decay={self.decay:g}, value={self.value!r})"

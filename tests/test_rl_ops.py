@@ -1,0 +1,468 @@
+"""Each test checks one numeric fact of elastic_reset.rl.ops against a case computed by hand in its comments."""
+
+import math
+
+import pytest
+import torch
+
+from elastic_reset.rl import ops
+from elastic_reset.rl.ops import (
+    AdaptiveKLController,
+    FixedKLController,
+    MovingAverageBaseline,
+    entropy_from_logits,
+    gae,
+    kl_estimate,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    ppo_policy_loss,
+    rloo_advantages,
+    token_rewards,
+    value_loss,
+    whiten,
+)
+
+
+def close(a, b, tol=1e-5):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                          atol=tol, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ masked statistics
+X = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, 5.0, -7.0, -7.0]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])  # lengths 3 and 2
+
+
+def test_masked_sum_mean_by_hand():
+    # real tokens: 1, 2, 3, 4, 5 -> sum 15, mean 3; row means 2 and 4.5
+    assert masked_sum(X, MASK).item() == 15.0
+    assert masked_mean(X, MASK).item() == 3.0
+    assert masked_mean(X, MASK, dim=1).tolist() == [2.0, 4.5]
+    assert masked_sum(X, MASK.bool(), dim=1).tolist() == [6.0, 9.0]
+
+
+def test_masked_mean_ignores_nan_and_inf_in_padding_and_gives_them_no_gradient():
+    x = X.clone()
+    x[0, 3], x[1, 2], x[1, 3] = float("nan"), float("inf"), -float("inf")
+    x.requires_grad_(True)
+    m = masked_mean(x, MASK)
+    assert m.item() == 3.0
+    m.backward()
+    # d mean / d x = 1/5 on real tokens, 0 on padding
+    assert close(x.grad, [[0.2, 0.2, 0.2, 0.0], [0.2, 0.2, 0.0, 0.0]])
+
+
+def test_masked_mean_of_empty_row_is_zero_not_nan():
+    m = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
+    assert masked_mean(X, m, dim=1).tolist() == [1.5, 0.0]
+
+
+def test_masked_var_by_hand():
+    # real tokens 1..5: mean 3, squared deviations 4+1+0+1+4 = 10; biased 10/5 = 2, unbiased 10/4 = 2.5
+    assert close(masked_var(X, MASK, unbiased=False), 2.0)
+    assert close(masked_var(X, MASK), 2.5)
+
+
+def test_whiten_mean_zero_var_one_over_mask_and_padding_is_ignored():
+    w = whiten(X, MASK)
+    assert close(masked_mean(w, MASK), 0.0)
+    assert close(masked_var(w, MASK), 1.0)
+    # by hand: (x - 3) / sqrt(2.5)
+    s = math.sqrt(2.5)
+    assert close(w, [[-2 / s, -1 / s, 0, 0], [1 / s, 2 / s, 0, 0]])
+    # change the padded values (even to NaN): same result
+    x2 = X.clone()
+    x2[0, 3], x2[1, 2], x2[1, 3] = 1e6, float("nan"), -3.0
+    x2.requires_grad_(True)
+    w2 = whiten(x2, MASK)
+    assert torch.equal(w2.detach(), w)
+    (w2 * torch.arange(8.0).view(2, 4)).sum().backward()  # any loss: the gradient stays finite, 0 on padding
+    assert torch.isfinite(x2.grad).all() and x2.grad[~MASK.bool()].abs().max().item() == 0.0
+
+
+def test_whiten_without_shift_keeps_the_mean():
+    # lm-human-preferences whitens rewards with shift_mean=False: (x - 3)/sqrt(2.5) + 3
+    w = whiten(X, MASK, shift_mean=False)
+    assert close(masked_mean(w, MASK), 3.0)
+    assert close(masked_var(w, MASK), 1.0)
+    assert close(w[0, 0], -2 / math.sqrt(2.5) + 3)
+
+
+def test_whiten_without_mask_uses_everything_and_upcasts_bf16():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])  # mean 2.5, unbiased var 5/3
+    w = whiten(x.to(torch.bfloat16))
+    assert w.dtype == torch.float32
+    assert close(w, (x - 2.5) / math.sqrt(5 / 3), tol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------- KL
+def test_kl_estimators_by_hand():
+    logp = torch.tensor([math.log(0.5), math.log(0.2)])
+    ref = torch.tensor([math.log(0.25), math.log(0.4)])
+    # k1 = log p - log q: log 2, log 0.5
+    assert close(kl_estimate(logp, ref, "k1"), [math.log(2), math.log(0.5)])
+    # k3 with r = q/p: r = 0.5 -> (0.5 - 1) - log 0.5 = 0.193147;  r = 2 -> 1 - log 2 = 0.306853
+    assert close(kl_estimate(logp, ref, "k3"), [-0.5 + math.log(2), 1 - math.log(2)])
+    # k2 = (log r)^2 / 2 = (log 2)^2 / 2 both times
+    assert close(kl_estimate(logp, ref, "k2"), [math.log(2) ** 2 / 2] * 2)
+    # the default is k1
+    assert torch.equal(kl_estimate(logp, ref), kl_estimate(logp, ref, "k1"))
+
+
+def test_k3_is_never_negative():
+    g = torch.Generator().manual_seed(1)
+    logp = torch.randn(10_000, generator=g) * 5
+    ref = logp + torch.randn(10_000, generator=g) * torch.logspace(-8, 1, 10_000)
+    k3 = kl_estimate(logp, ref, "k3")
+    assert bool((k3 >= 0).all())
+    assert kl_estimate(logp, logp, "k3").abs().max().item() == 0.0
+
+
+def test_k1_and_k3_means_match_the_true_kl_of_two_categoricals():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.3, 0.5])
+    # KL(p||q) = 0.5 ln(2.5) + 0.3 ln 1 + 0.2 ln(0.4) = 0.458145 - 0.183258 = 0.274887
+    true_kl = 0.5 * math.log(2.5) + 0.2 * math.log(0.4)
+    assert abs(true_kl - 0.274887) < 1e-6
+    y = torch.multinomial(p, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    logp, ref = p.log()[y], q.log()[y]
+    for est in ("k1", "k3"):  # both unbiased; standard errors here are ~0.0015
+        assert abs(kl_estimate(logp, ref, est).mean().item() - true_kl) < 0.01, est
+
+
+def test_kl_estimate_bad_inputs():
+    a = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="estimator"):
+        kl_estimate(a, a, "k4")
+    with pytest.raises(ValueError, match="ref_logp"):
+        kl_estimate(a, torch.zeros(2, 4), "k1")
+
+
+# ------------------------------------------------------------------------------------------- KL controllers
+@pytest.mark.parametrize(
+    "kl, expected",
+    [
+        # target 6, horizon 10000, n_steps 256, beta 0.1:  e = clip(kl/6 - 1, -0.2, 0.2)
+        (6.6, 0.1 * (1 + 0.1 * 256 / 10000)),  # e = +0.1 -> 0.100256 (KL too high: beta up)
+        (5.4, 0.1 * (1 - 0.1 * 256 / 10000)),  # e = -0.1 -> 0.099744 (KL too low: beta down)
+        (12.0, 0.1 * (1 + 0.2 * 256 / 10000)),  # e = +1 clipped to +0.2 -> 0.100512
+        (0.0, 0.1 * (1 - 0.2 * 256 / 10000)),  # e = -1 clipped to -0.2 -> 0.099488
+        (6.0, 0.1),  # on target: unchanged
+    ],
+)
+def test_adaptive_kl_controller_one_update(kl, expected):
+    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
+    assert ctl.update(kl, n_steps=256) == pytest.approx(expected, rel=1e-12)
+    assert ctl.value == pytest.approx(expected, rel=1e-12)
+
+
+def test_adaptive_kl_controller_numbers_written_out_and_tensor_input():
+    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
+    ctl.update(torch.tensor(6.6), 256)
+    assert ctl.value == pytest.approx(0.100256)
+
+
+def test_kl_controllers_state_roundtrip_and_fixed_is_constant():
+    a = AdaptiveKLController(0.2, target=1.0, horizon=100)
+    a.update(5.0, 10)  # e = 0.2 -> 0.2 * 1.02 = 0.204
+    assert a.value == pytest.approx(0.204)
+    b = AdaptiveKLController(0.2, target=1.0, horizon=100)
+    b.load_state_dict(a.state_dict())
+    assert b.value == a.value
+    f = FixedKLController(0.05)
+    assert f.update(100.0, 1000) == 0.05 and f.value == 0.05
+    g = FixedKLController(0.0)
+    g.load_state_dict(f.state_dict())
+    assert g.value == 0.05
+
+
+def test_kl_controller_bad_inputs():
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="target"):
+            AdaptiveKLController(0.1, target=bad, horizon=10)
+        with pytest.raises(ValueError, match="horizon"):
+            AdaptiveKLController(0.1, target=1.0, horizon=bad)
+    with pytest.raises(ValueError, match="init_kl_coef"):
+        AdaptiveKLController(-0.1, target=1.0, horizon=10)
+    with pytest.raises(ValueError, match="kl_coef"):
+        FixedKLController(-1.0)
+    ctl = AdaptiveKLController(0.1, target=1.0, horizon=10)
+    with pytest.raises(ValueError, match="current_kl"):
+        ctl.update(float("nan"), 1)
+    with pytest.raises(ValueError, match="n_steps"):
+        ctl.update(1.0, -1)
+    with pytest.raises(ValueError, match="state"):
+        ctl.load_state_dict({})
+    assert ctl.value == 0.1  # the failed calls changed nothing
+
+
+# ---------------------------------------------------------------------------------------- rewards and GAE
+def test_token_rewards_put_the_score_at_the_last_real_token():
+    kl_pen = torch.tensor([[0.1, 0.2, 0.3, 9.0], [0.5, -0.5, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    r = token_rewards(torch.tensor([2.0, -1.0]), kl_pen, mask)
+    # row 0: -0.1, -0.2, -0.3 + 2 = 1.7, pad 0;   row 1: -0.5, 0.5 - 1 = -0.5, pad 0, 0
+    assert close(r, [[-0.1, -0.2, 1.7, 0.0], [-0.5, -0.5, 0.0, 0.0]])
+
+
+def test_token_rewards_full_length_response():
+    r = token_rewards(torch.tensor([3.0]), torch.zeros(1, 3), torch.ones(1, 3))
+    assert r.tolist() == [[0.0, 0.0, 3.0]]
+
+
+def test_token_rewards_bad_inputs():
+    with pytest.raises(ValueError, match="mask"):  # an empty response
+        token_rewards(torch.zeros(2), torch.zeros(2, 3), torch.tensor([[1, 0, 0], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="mask"):  # not right-padded
+        token_rewards(torch.zeros(1), torch.zeros(1, 3), torch.tensor([[1, 0, 1]]))
+    with pytest.raises(ValueError, match="score"):
+        token_rewards(torch.zeros(3), torch.zeros(2, 3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="kl_penalty"):
+        token_rewards(torch.zeros(2), torch.zeros(2, 4), torch.ones(2, 3))
+
+
+# Hand-computed GAE on one 3-token episode, gamma = 0.9, lambda = 0.8 (gamma * lambda = 0.72):
+#   rewards = [0, 0, 1], values = [0.5, 0.4, 0.3], terminal after the 3rd token (V_3 = 0)
+#   delta_2 = 1 + 0.9*0   - 0.3 =  0.7
+#   delta_1 = 0 + 0.9*0.3 - 0.4 = -0.13
+#   delta_0 = 0 + 0.9*0.4 - 0.5 = -0.14
+#   A_2 = 0.7
+#   A_1 = -0.13 + 0.72*0.7   = 0.374
+#   A_0 = -0.14 + 0.72*0.374 = 0.12928
+#   returns = A + V = [0.62928, 0.774, 1.0]
+def test_gae_by_hand_one_episode():
+    adv, ret = gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.4, 0.3]]), torch.ones(1, 3), 0.9, 0.8)
+    assert close(adv, [[0.12928, 0.374, 0.7]])
+    assert close(ret, [[0.62928, 0.774, 1.0]])
+
+
+# Row 1 is a 2-token episode padded to 3, with garbage in its padded slot:
+#   rewards = [0.5, 1.0], values = [0.2, 0.1], terminal after the 2nd token
+#   delta_1 = 1.0 + 0        - 0.1 = 0.9
+#   delta_0 = 0.5 + 0.9*0.1  - 0.2 = 0.39
+#   A = [0.39 + 0.72*0.9, 0.9] = [1.038, 0.9];  returns = [1.238, 1.0]
+def test_gae_batch_of_two_lengths_padding_does_not_leak():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 1.0, 100.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3], [0.2, 0.1, 50.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert close(adv, [[0.12928, 0.374, 0.7], [1.038, 0.9, 0.0]])
+    assert close(ret, [[0.62928, 0.774, 1.0], [1.238, 1.0, 0.0]])
+    # NaN in the padding changes nothing
+    rewards[1, 2], values[1, 2] = float("nan"), float("nan")
+    adv2, ret2 = gae(rewards, values, mask.bool(), gamma=0.9, lam=0.8)
+    assert torch.equal(adv2, adv) and torch.equal(ret2, ret)
+    # and the short row alone gives the same numbers
+    adv3, _ = gae(rewards[1:, :2], values[1:, :2], torch.ones(1, 2), 0.9, 0.8)
+    assert torch.equal(adv3, adv[1:, :2])
+
+
+def test_gae_with_gamma_lambda_one_is_reward_to_go_minus_value():
+    # gamma = lam = 1: A_t = sum_{s>=t} r_s - V_t.  rewards [1, 2, 3] -> to-go [6, 5, 3]
+    adv, ret = gae(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 1.0, 1.0]]), torch.ones(1, 3), 1.0, 1.0)
+    assert adv.tolist() == [[5.0, 4.0, 2.0]]
+    assert ret.tolist() == [[6.0, 5.0, 3.0]]
+
+
+def test_gae_has_no_gradient_and_bad_inputs():
+    v = torch.zeros(1, 3, requires_grad=True)
+    adv, ret = gae(torch.zeros(1, 3), v, torch.ones(1, 3), 0.9, 0.9)
+    assert not adv.requires_grad and not ret.requires_grad
+    ones = torch.ones(1, 3)
+    with pytest.raises(ValueError, match="gamma"):
+        gae(ones, ones, ones, 1.5, 0.9)
+    with pytest.raises(ValueError, match="lam"):
+        gae(ones, ones, ones, 0.9, -0.1)
+    with pytest.raises(ValueError, match="values"):
+        gae(ones, torch.ones(1, 4), ones, 0.9, 0.9)
+    with pytest.raises(ValueError, match="mask"):
+        gae(ones, ones, torch.tensor([[0.0, 1.0, 1.0]]), 0.9, 0.9)
+    with pytest.raises(ValueError, match="mask"):
+        gae(torch.ones(3), torch.ones(3), torch.ones(3), 0.9, 0.9)
+
+
+# -------------------------------------------------------------------------------------------------- losses
+# PPO hand case, clip_range 0.2, three real tokens and one padded slot:
+#   token 0: A =  1, ratio 1.5: -A*r = -1.5, -A*clip = -1.2 -> max -1.2 (clipped)
+#   token 1: A = -1, ratio 0.5: -A*r =  0.5, -A*clip =  0.8 -> max  0.8 (clipped)
+#   token 2: A =  2, ratio 1.1: -A*r = -2.2, -A*clip = -2.2 -> max -2.2 (inside the range: not clipped)
+#   loss = (-1.2 + 0.8 - 2.2) / 3 = -0.866667;  clipfrac = 2/3;  ratio_mean = 3.1/3
+#   approx_kl = mean((r - 1) - log r) = (0.5 - ln 1.5 + -0.5 - ln 0.5 + 0.1 - ln 1.1) / 3
+#   gradient wrt logp: 0 where clipped; token 2: d(-A r)/dlogp = -A r = -2.2, over 3 -> -0.733333
+def test_ppo_policy_loss_clipping_by_hand():
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    ratios = torch.tensor([[1.5, 0.5, 1.1, 1.0]])
+    logp = (old + ratios.log()).clone()
+    logp[0, 3] = 80.0  # padding: exp(83) overflows fp32; must not matter, nor NaN the gradient
+    logp.requires_grad_(True)
+    adv = torch.tensor([[1.0, -1.0, 2.0, 1e9]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, stats = ppo_policy_loss(logp, old, adv, mask, clip_range=0.2)
+    assert close(loss, -2.6 / 3)
+    assert close(stats["clipfrac"], 2 / 3)
+    assert close(stats["ratio_mean"], 3.1 / 3)
+    assert close(stats["approx_kl"], (0.5 - math.log(1.5) - 0.5 - math.log(0.5) + 0.1 - math.log(1.1)) / 3)
+    loss.backward()
+    assert close(logp.grad, [[0.0, 0.0, -2.2 / 3, 0.0]])
+    assert all(not s.requires_grad for s in stats.values())
+
+
+def test_ppo_policy_loss_does_not_clip_in_the_improving_direction():
+    # A = +1, ratio 0.5 (below 1 - eps): -A*r = -0.5 > -A*clip = -0.8, so the unclipped term is used: loss -0.5
+    old = torch.zeros(1, 1)
+    loss, stats = ppo_policy_loss(old + math.log(0.5), old, torch.ones(1, 1), torch.ones(1, 1), 0.2)
+    assert close(loss, -0.5) and stats["clipfrac"].item() == 0.0
+    # identical policies: ratio 1, approx_kl 0, loss = -mean A
+    a = torch.tensor([[1.0, 3.0]])
+    loss, stats = ppo_policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), a, torch.ones(1, 2), 0.2)
+    assert close(loss, -2.0) and stats["approx_kl"].item() == 0.0 and stats["ratio_mean"].item() == 1.0
+
+
+def test_ppo_policy_loss_bad_inputs():
+    z = torch.zeros(1, 2)
+    for bad in (0, -0.1, None):
+        with pytest.raises(ValueError, match="clip_range"):
+            ppo_policy_loss(z, z, z, z, bad)
+    with pytest.raises(ValueError, match="advantages"):
+        ppo_policy_loss(z, z, torch.zeros(2, 2), z, 0.2)
+
+
+# Value loss hand case, clip_range_value 0.25:
+#   token 0: v 1.0, old 0.5, R 2: (v-R)^2 = 1;  clip: 0.5 + 0.25 = 0.75 -> (0.75-2)^2 = 1.5625 -> max 1.5625 (clipped)
+#   token 1: v 2.0, old 1.5, R 1: (v-R)^2 = 1;  clip: 1.5 + 0.25 = 1.75 -> 0.75^2 = 0.5625    -> max 1 (unclipped)
+#   token 2: v 0.5, old 0.5, R 0: 0.25 both                                                    -> 0.25
+#   loss = 0.5 * (1.5625 + 1 + 0.25) / 3 = 0.46875;  vf_clipfrac = 1/3
+#   without clipping: 0.5 * (1 + 1 + 0.25) / 3 = 0.375
+def test_value_loss_clipping_by_hand():
+    values = torch.tensor([[1.0, 2.0, 0.5, 1e6]], requires_grad=True)
+    old = torch.tensor([[0.5, 1.5, 0.5, float("nan")]])
+    returns = torch.tensor([[2.0, 1.0, 0.0, -1e6]])
+    mask = torch.tensor([[True, True, True, False]])
+    loss, stats = value_loss(values, old, returns, mask, 0.25)
+    assert loss.item() == 0.46875
+    assert close(stats["vf_clipfrac"], 1 / 3)
+    loss.backward()
+    # token 0 clipped (no gradient); token 1: 0.5 * 2 (v - R) / 3 = 1/3; token 2: 0.5 * 2 * 0.5 / 3 = 1/6
+    assert close(values.grad, [[0.0, 1 / 3, 1 / 6, 0.0]])
+    loss, stats = value_loss(values, old, returns, mask, None)
+    assert loss.item() == 0.375 and stats["vf_clipfrac"].item() == 0.0
+
+
+def test_value_loss_bad_inputs():
+    z = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="clip_range_value"):
+        value_loss(z, z, z, z, 0.0)
+    with pytest.raises(ValueError, match="returns"):
+        value_loss(z, z, torch.zeros(1, 3), z, 0.2)
+
+
+# ------------------------------------------------------------------------------------------ logits helpers
+def test_entropy_of_uniform_is_log_v_and_of_a_known_distribution():
+    assert close(entropy_from_logits(torch.zeros(2, 3, 50)), torch.full((2, 3), math.log(50)))
+    # p = [1/2, 1/4, 1/4]: H = 0.5 ln 2 + 2 * 0.25 ln 4 = 1.5 ln 2
+    logits = torch.tensor([math.log(0.5), math.log(0.25), math.log(0.25)]) + 7.0  # shift-invariant
+    assert close(entropy_from_logits(logits), 1.5 * math.log(2))
+
+
+def test_entropy_bf16_large_logits_and_masked_vocabulary():
+    big = torch.full((4, 1000), 100.0, dtype=torch.bfloat16)  # exp(100) overflows fp32; logsumexp does not
+    h = entropy_from_logits(big)
+    assert h.dtype == torch.float32 and close(h, torch.full((4,), math.log(1000)), tol=1e-4)
+    # two tokens left by a -inf mask: H = ln 2, and the gradient is finite
+    logits = torch.tensor([[0.0, 0.0, -float("inf"), -float("inf")]], requires_grad=True)
+    h = entropy_from_logits(logits)
+    assert close(h, [math.log(2)])
+    h.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_logprobs_from_logits_matches_log_softmax_and_upcasts():
+    logits = torch.randn(2, 5, 11)
+    labels = torch.randint(0, 11, (2, 5))
+    ref = torch.log_softmax(logits.double(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert close(logprobs_from_logits(logits, labels), ref)
+    # hand case: logits [0, ln 3] -> p = [1/4, 3/4]
+    out = logprobs_from_logits(torch.tensor([[0.0, math.log(3)]]), torch.tensor([1]))
+    assert close(out, [math.log(0.75)])
+    lp16 = logprobs_from_logits(logits.to(torch.bfloat16), labels)
+    assert lp16.dtype == torch.float32
+    assert close(lp16, torch.log_softmax(logits.to(torch.bfloat16).float(), -1).gather(-1, labels[..., None])[..., 0])
+
+
+def test_logprobs_from_logits_chunked_half_precision_path(monkeypatch):
+    # force chunks of 2 rows (22 elements / 11 vocab) over 10 rows: same values, gradients flow
+    monkeypatch.setattr(ops, "_LOGPROB_CHUNK_ELEMS", 22)
+    logits = torch.randn(2, 5, 11).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, 11, (2, 5))
+    out = logprobs_from_logits(logits, labels)
+    expected = torch.log_softmax(logits.detach().float(), -1).gather(-1, labels[..., None])[..., 0]
+    assert torch.equal(out.detach(), expected)
+    out.sum().backward()
+    assert logits.grad is not None and logits.grad.shape == logits.shape
+
+
+def test_logprobs_from_logits_bad_labels():
+    with pytest.raises(ValueError, match="labels"):
+        logprobs_from_logits(torch.zeros(2, 5, 11), torch.zeros(2, 4, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------ RLOO and REINFORCE
+def test_rloo_advantages_by_hand():
+    # k = 2: the baseline is the other sample: [1, 3 | 0, 4] -> [1-3, 3-1, 0-4, 4-0]
+    assert rloo_advantages(torch.tensor([1.0, 3.0, 0.0, 4.0]), 2).tolist() == [-2.0, 2.0, -4.0, 4.0]
+    # k = 3, prompt A = [1, 2, 6]: 1 - (2+6)/2 = -3;  2 - (1+6)/2 = -1.5;  6 - (1+2)/2 = 4.5
+    #        prompt B = [0, 0, 3]: 0 - 1.5 = -1.5 (twice);  3 - 0 = 3
+    adv = rloo_advantages(torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 3.0]), 3)
+    assert adv.tolist() == [-3.0, -1.5, 4.5, -1.5, -1.5, 3.0]
+
+
+def test_rloo_bad_inputs():
+    s = torch.zeros(6)
+    for bad in (1, 0, 2.0, True):
+        with pytest.raises(ValueError, match="k"):
+            rloo_advantages(s, bad)
+    with pytest.raises(ValueError, match="k"):
+        rloo_advantages(s, 4)  # 6 is not a multiple of 4
+    with pytest.raises(ValueError, match="scores"):
+        rloo_advantages(torch.zeros(2, 3), 3)
+
+
+def test_moving_average_baseline_by_hand():
+    b = MovingAverageBaseline(decay=0.9)
+    assert b.value is None
+    assert b.update(2.0) == 2.0  # the first update takes the batch mean as is
+    assert b.update(torch.tensor(4.0)) == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)  # 2.2
+    c = MovingAverageBaseline(decay=0.9)
+    c.load_state_dict(b.state_dict())
+    assert c.value == pytest.approx(2.2) and c.num_updates == 2
+    assert c.update(0.0) == pytest.approx(1.98)
+    c.load_state_dict(MovingAverageBaseline(0.5).state_dict())
+    assert c.value is None
+
+
+def test_moving_average_baseline_bad_inputs():
+    for bad in (1.0, -0.1, 2):
+        with pytest.raises(ValueError, match="decay"):
+            MovingAverageBaseline(bad)
+    b = MovingAverageBaseline(0.5)
+    with pytest.raises(ValueError, match="batch_mean_reward"):
+        b.update(float("inf"))
+    with pytest.raises(ValueError, match="batch_mean_reward"):
+        b.update(torch.ones(3))
+    with pytest.raises(ValueError, match="state"):
+        b.load_state_dict({"num_updates": 3})
+    assert b.value is None
+
+
+# ------------------------------------------------------------------------------------- shared bad inputs
+def test_masked_stats_bad_inputs():
+    with pytest.raises(ValueError, match="mask"):
+        masked_mean(torch.zeros(2, 3), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="mask"):
+        masked_sum(torch.zeros(2, 3), torch.ones(3))
+    with pytest.raises(ValueError, match="mask"):
+        masked_var(torch.zeros(2, 3), torch.tensor([[1, 0, 0], [0, 0, 0]]))  # one token: no unbiased variance
+    with pytest.raises(ValueError, match="mask"):
+        whiten(torch.zeros(2, 3), torch.zeros(2, 3))
