@@ -1,0 +1,1 @@
+"""Evaluation: drift metrics (perplexity on held-out text, KL to the initial model)."""

@@ -1,0 +1,1 @@
+"""Reward functions and reward models."""

@@ -1,0 +1,178 @@
+"""Drift-control methods as small pieces that hook into one training loop.
+
+The loop calls, in order: ``setup`` once; per iteration ``sampling_mask_model`` (NLPO) before the rollout;
+``extra_loss`` inside each optimizer step (multitask); ``on_optimizer_step`` after each optimizer step;
+``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A new
+method is a new subclass and one line in :data:`METHOD_CLASSES`, not flags scattered through the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from elastic_reset.core import ElasticReset, ResetEvent
+from elastic_reset.rl.config import MethodConfig
+
+if TYPE_CHECKING:
+    from elastic_reset.rl.trainer import RLTrainer
+
+
+class DriftMethod:
+    """Plain RL: no KL penalty, no resets (method ``none``)."""
+
+    uses_kl = False
+    """Whether the KL penalty enters the reward (method ``none`` runs β = 0 whatever ``kl.coef`` says)."""
+    ema: ElasticReset | None = None
+    """The EMA / reset controller, for methods that keep one (evaluated as ``eval_ema/*``)."""
+
+    def __init__(self, config: MethodConfig):
+        self.config = config
+
+    def setup(self, trainer: RLTrainer) -> None:
+        pass
+
+    def sampling_mask_model(self) -> torch.nn.Module | None:
+        return None
+
+    def extra_loss(self, trainer: RLTrainer) -> tuple[torch.Tensor, dict[str, float]] | None:
+        return None
+
+    def on_optimizer_step(self, trainer: RLTrainer) -> None:
+        pass
+
+    def on_epoch_end(self, trainer: RLTrainer) -> None:
+        pass
+
+    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class KLPenalty(DriftMethod):
+    """The standard baseline: a KL penalty to the reference in the reward (paper eq. 1)."""
+
+    uses_kl = True
+
+
+class EMAReset(KLPenalty):
+    """Elastic Reset and its ablations (paper §3, §6 "Ablations"), on top of the KL penalty.
+
+    ``method.ema_update`` chooses the EMA's clock: every optimizer step (the paper's text), every epoch over the
+    rollout batch (the authors' StackLLaMA code) or once per iteration (the authors' IMDB code: there η^17 ≈ 0.92
+    of θ0 remains in the EMA at a reset, so a reset lands close to the initial model). Resets always count
+    iterations (``method.reset_every``). The value head is excluded: the value function is never reset (§6,
+    Appendix E.1).
+    """
+
+    MODE = {"elastic_reset": "elastic", "reset_to_ema": "ema", "reset_to_init": "init", "ema_only": "none"}
+
+    def setup(self, trainer: RLTrainer) -> None:
+        c = self.config
+        self.ema = ElasticReset(
+            trainer.model, decay=c.decay, mode=self.MODE[c.name],
+            reset_every=None if c.name == "ema_only" else c.reset_every,
+            optimizer=trainer.optimizer, reset_optimizer_state=c.reset_optimizer,
+        )
+
+    def on_optimizer_step(self, trainer: RLTrainer) -> None:
+        if self.config.ema_update == "step":
+            self.ema.update()
+
+    def on_epoch_end(self, trainer: RLTrainer) -> None:
+        if self.config.ema_update == "epoch":
+            self.ema.update()
+
+    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+        event: ResetEvent | None = self.ema.step(update_ema=self.config.ema_update == "iteration")
+        if event is None:
+            return {}
+        return {"reset": {"index": event.index, "mode": event.mode, "distance": event.distance}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": self.ema.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ema.load_state_dict(state["ema"])
+
+
+class NLPO(KLPenalty):
+    """NLPO (Ramamurthy et al. 2022), as the paper ran it through RL4LMs: the policy samples only within the
+    top-p set of a delayed *mask model*, which starts as the initial policy and is set to the current policy
+    every ``nlpo_update_every`` iterations. The update uses the same masked distribution."""
+
+    def setup(self, trainer: RLTrainer) -> None:
+        self.mask_model = copy.deepcopy(trainer.model)
+        self.mask_model.requires_grad_(False)
+        self.mask_model.eval()
+        self._targets = [p for _, p in self._trainable(self.mask_model, trainer.model)]
+
+    @staticmethod
+    def _trainable(mask_model, model):
+        mask_params = dict(mask_model.named_parameters())
+        return [(n, mask_params[n]) for n, p in model.named_parameters() if p.requires_grad]
+
+    def sampling_mask_model(self) -> torch.nn.Module:
+        return self.mask_model
+
+    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+        if step % self.config.nlpo_update_every:
+            return {}
+        with torch.no_grad():
+            torch._foreach_copy_(self._targets, [p.detach() for p in trainer.trainable_params])
+        return {"nlpo/mask_update": 1}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mask": [t.detach().clone() for t in self._targets]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(self._targets, state["mask"])
+
+
+class Multitask(KLPenalty):
+    """Multitask / S2P: a supervised NLL loss on pretraining text, weight λ, added to each optimizer step's loss
+    (the paper's Translation Game baseline; Lowe et al. 2021 call it S2P)."""
+
+    def setup(self, trainer: RLTrainer) -> None:
+        texts = trainer.task.pretrain_texts
+        if not texts:
+            raise ValueError(f"method.name=multitask: task {trainer.task.name!r} has no pretrain_texts")
+        self.texts = texts
+        self.position = 0
+
+    def extra_loss(self, trainer: RLTrainer) -> tuple[torch.Tensor, dict[str, float]]:
+        n = self.config.multitask_batch
+        batch = [self.texts[(self.position + i) % len(self.texts)] for i in range(n)]
+        self.position = (self.position + n) % len(self.texts)
+        nll = trainer.lm_loss(batch)
+        return self.config.multitask_coef * nll, {"multitask/nll": float(nll.detach())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+
+
+METHOD_CLASSES: dict[str, type[DriftMethod]] = {
+    "none": DriftMethod,
+    "kl": KLPenalty,
+    "elastic_reset": EMAReset,
+    "reset_to_init": EMAReset,
+    "reset_to_ema": EMAReset,
+    "ema_only": EMAReset,
+    "nlpo": NLPO,
+    "multitask": Multitask,
+}
+
+
+def build_method(config: MethodConfig) -> DriftMethod:
+    return METHOD_CLASSES[config.name](config)

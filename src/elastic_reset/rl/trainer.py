@@ -1,0 +1,450 @@
+"""The training loop: rollout → reward → KL-penalised advantages → policy update, with a drift-control method.
+
+One *iteration* (the ``step`` of ``metrics.jsonl``) samples ``prompts_per_step × samples_per_prompt``
+completions, scores them, and runs ``epochs`` passes of minibatch updates over them (PPO; REINFORCE and RLOO
+make one on-policy pass). Read :meth:`RLTrainer.train_step` top to bottom for the whole algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import yaml
+
+from elastic_reset.evaluation.drift import perplexity
+from elastic_reset.rl import ops
+from elastic_reset.rl.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
+from elastic_reset.rl.config import ConfigError, TrainConfig, config_to_dict
+from elastic_reset.rl.methods import build_method
+from elastic_reset.rl.policy import (Reference, ValueHead, autocast, autocast_dtype, context_length,
+                                     load_model_and_tokenizer, trainable_named_parameters)
+from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, sample
+from elastic_reset.tasks import Task, get_task
+
+
+class RewardError(ValueError):
+    """The reward function returned something that is not one finite number per completion."""
+
+
+class RLTrainer:
+    """Runs one training run into ``out_dir`` (config, ``metrics.jsonl``, checkpoints).
+
+    Args:
+        config: a validated :class:`TrainConfig`.
+        out_dir: the run directory. It must not hold a run already unless ``resume=True``.
+        task: the task; by default ``config.task`` is looked up in the task registry.
+        resume: continue from the latest checkpoint in ``out_dir`` (from scratch if it has none yet).
+    """
+
+    def __init__(self, config: TrainConfig, out_dir: str | Path, *, task: Task | None = None,
+                 resume: bool = False):
+        config.validate()
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self._prepare_run_dir(resume)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.task = task or get_task(config.task.name, config.task.data_dir, **config.task.options)
+
+        self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
+        self.is_lora = config.model.lora is not None
+        self.autocast_dtype = autocast_dtype(config.model.autocast)
+        self.device = next(self.model.parameters()).device
+        self.sampling = SamplingConfig(
+            max_new_tokens=config.sampling.max_new_tokens, min_new_tokens=config.sampling.min_new_tokens,
+            temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
+        )
+        self._check_task_inputs()
+
+        self.reference = Reference(self.model, self.is_lora)
+        self.trainable_params = [p for _, p in trainable_named_parameters(self.model)]
+        self.value_head = ValueHead(self.model.config.hidden_size) if config.algo.name == "ppo" else None
+        params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
+        self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
+                                           weight_decay=config.algo.weight_decay)
+        self.kl_ctl = (ops.AdaptiveKLController(config.kl.coef, config.kl.target, config.kl.horizon)
+                       if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
+        self.baseline = ops.MovingAverageBaseline(config.algo.baseline_decay)
+        self.method = build_method(config.method)
+        self.method.setup(self)
+
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+        self.data_epoch, self.data_index = 0, 0
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
+        self._tb = None
+        if resume:
+            self._resume()
+
+    # ------------------------------------------------------------------------------------------ set-up checks
+    def _prepare_run_dir(self, resume: bool) -> None:
+        config_path = self.out_dir / "config.yaml"
+        resolved = config_to_dict(self.config)
+        if config_path.exists():
+            if not resume:
+                raise FileExistsError(f"{self.out_dir}: already holds a run; pass --resume to continue it, "
+                                      "or choose another --out")
+            saved = yaml.safe_load(config_path.read_text())
+            for key in sorted(set(saved) | set(resolved)):
+                if key != "steps" and saved.get(key) != resolved.get(key):
+                    raise ConfigError(f"{key}: differs from the run being resumed ({config_path}); only "
+                                      "`steps` may change on resume")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+    def _check_task_inputs(self) -> None:
+        ctx = context_length(self.model)
+        needed = self.config.model.max_prompt_tokens + self.config.sampling.max_new_tokens
+        if ctx is not None and not self.model.config.is_encoder_decoder and needed > ctx:
+            raise ConfigError(
+                f"model.max_prompt_tokens + sampling.max_new_tokens = {needed} exceeds the model's context "
+                f"length {ctx}")
+        n = self.config.algo.prompts_per_step
+        if len(self.task.train_prompts) < n:
+            raise ConfigError(f"algo.prompts_per_step: {n} exceeds the task's {len(self.task.train_prompts)} "
+                              "training prompts")
+
+    # ------------------------------------------------------------------------------------------------- data
+    def _next_prompts(self) -> list[str]:
+        """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle (resumable from two integers)."""
+        prompts = self.task.train_prompts
+        out = []
+        while len(out) < self.config.algo.prompts_per_step:
+            order = list(range(len(prompts)))
+            random.Random(self.config.seed * 1_000_003 + self.data_epoch).shuffle(order)
+            out.append(prompts[order[self.data_index]])
+            self.data_index += 1
+            if self.data_index == len(prompts):
+                self.data_epoch, self.data_index = self.data_epoch + 1, 0
+        return out
+
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        # Decoder-only: left padding, and truncation keeps the END of a long prompt (the part being continued).
+        side = self.tokenizer.truncation_side
+        self.tokenizer.truncation_side = "left" if not self.model.config.is_encoder_decoder else "right"
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.config.model.max_prompt_tokens)
+        self.tokenizer.truncation_side = side
+        return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
+
+    def _decode(self, rollout: Rollout) -> list[str]:
+        ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, self.tokenizer.pad_token_id)
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def _score(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores as a float tensor, and which samples are kept. Bad rewards stop the run (or are dropped)."""
+        try:
+            raw = self.task.reward_fn(prompts, completions)
+            values = [float(v) for v in raw]
+        except (TypeError, ValueError) as err:
+            raise RewardError(f"reward function of task {self.task.name!r} did not return numbers: {err}") from None
+        if len(values) != len(completions):
+            raise RewardError(f"reward function of task {self.task.name!r} returned {len(values)} values for "
+                              f"{len(completions)} completions")
+        scores = torch.tensor(values, dtype=torch.float32)
+        keep = torch.isfinite(scores)
+        if not keep.all():
+            bad = (~keep).nonzero().flatten().tolist()
+            if self.config.bad_reward == "error":
+                raise RewardError(f"reward function of task {self.task.name!r} returned non-finite values "
+                                  f"{[values[i] for i in bad[:3]]} (samples {bad[:3]}); set bad_reward: drop to "
+                                  "drop such samples instead")
+            scores = torch.where(keep, scores, torch.zeros_like(scores))
+        return scores, keep
+
+    # -------------------------------------------------------------------------------------------- the model
+    @contextmanager
+    def _kl_reference(self) -> Iterator[torch.nn.Module]:
+        """π_ref for the KL penalty: the initial model, or the EMA weights (the authors' IMDB code)."""
+        if self.config.kl.reference == "ema":
+            with self.method.ema.ema_weights():
+                yield self.model
+        else:
+            with self.reference.model() as ref:
+                yield ref
+
+    def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True):
+        return forward_response(
+            model, rollout, temperature=self.sampling.temperature, autocast_dtype=self.autocast_dtype,
+            return_hidden=hidden, action_mask=rollout.action_mask if masked else None,
+        )
+
+    def lm_loss(self, texts: list[str]) -> torch.Tensor:
+        """Mean token NLL of the policy on ``texts`` (the multitask / S2P loss)."""
+        enc = self.tokenizer([t + self.tokenizer.eos_token for t in texts], return_tensors="pt", padding=True,
+                             truncation=True, max_length=self.config.eval.max_text_tokens).to(self.device)
+        labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
+        position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        with autocast(self.autocast_dtype, self.device):
+            logits = self.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                                position_ids=position_ids).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
+                                                 ignore_index=-100)
+
+    # ---------------------------------------------------------------------------------------- one iteration
+    def train_step(self) -> dict[str, Any]:
+        c = self.config
+        k = c.algo.samples_per_prompt
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+
+        # 1. Rollout: sample k completions per prompt (NLPO: only inside the mask model's top-p set).
+        prompts = [p for p in self._next_prompts() for _ in range(k)]
+        query_ids, query_mask = self._encode(prompts)
+        rollout = sample(self.model, query_ids, query_mask, self.sampling,
+                         pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                         generator=self.generator, mask_model=self.method.sampling_mask_model(),
+                         mask_top_p=c.method.nlpo_top_p, min_tokens_to_keep=c.method.nlpo_min_tokens,
+                         autocast_dtype=self.autocast_dtype)
+        times["sample"], t = time.perf_counter() - t, time.perf_counter()
+
+        # 2. Reward.
+        completions = self._decode(rollout)
+        scores, keep = self._score(prompts, completions)
+        if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
+            keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
+        if not keep.any():
+            raise RewardError("every sample of this batch had an invalid reward (bad_reward: drop)")
+        mask = rollout.response_mask.float() * keep[:, None].float()
+        times["reward"], t = time.perf_counter() - t, time.perf_counter()
+
+        # 3. Log-probs (and values) of the sampling policy, and of the KL reference.
+        with torch.no_grad():
+            old = self._forward(self.model, rollout, hidden=self.value_head is not None)
+            old_values = self.value_head(old.hidden) if self.value_head is not None else None
+            with self._kl_reference() as ref:
+                # The reference is the unmasked model: NLPO's mask restricts sampling, not what drift is measured against.
+                ref_logp = self._forward(ref, rollout, masked=False).logprobs
+        times["ref"], t = time.perf_counter() - t, time.perf_counter()
+
+        # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
+        kl_tok = torch.where(mask > 0, ops.kl_estimate(old.logprobs, ref_logp, c.kl.estimator), 0.0)
+        seq_kl = kl_tok.sum(dim=1)
+        beta = self.kl_ctl.value if self.method.uses_kl else 0.0
+        returns = None
+        if c.algo.name == "ppo":
+            # Over every response (a dropped one has score 0 here); `mask` then keeps dropped ones out of the loss.
+            full = rollout.response_mask.float()
+            rewards = ops.token_rewards(scores, beta * kl_tok, full)
+            advantages, returns = ops.gae(rewards, old_values, full, c.algo.gamma, c.algo.lam)
+        else:
+            seq_return = scores - beta * seq_kl
+            if c.algo.name == "rloo":
+                seq_adv = ops.rloo_advantages(seq_return, k)
+            else:
+                # The baseline is used before it sees this batch; the first batch is centred on its own mean.
+                batch_mean = float(seq_return[keep].mean())
+                base = self.baseline.value
+                seq_adv = seq_return - (batch_mean if base is None else base)
+                self.baseline.update(batch_mean)
+            advantages = seq_adv[:, None].expand_as(mask).clone()
+        if c.algo.whiten_advantages:
+            advantages = ops.whiten(advantages, mask)
+        advantages = torch.where(mask > 0, advantages, 0.0)
+
+        # 5. Policy (and value) update: epochs × minibatches.
+        stats: dict[str, list[float]] = {}
+        epochs = c.algo.epochs if c.algo.name == "ppo" else 1
+        n = len(rollout)
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=self.generator)
+            for start in range(0, n, c.algo.minibatch_size):
+                idx = order[start:start + c.algo.minibatch_size]
+                self._update(rollout.select(idx), mask[idx], advantages[idx], old.logprobs[idx],
+                             None if old_values is None else old_values[idx],
+                             None if returns is None else returns[idx], stats)
+            self.method.on_epoch_end(self)
+        times["update"] = time.perf_counter() - t
+
+        # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
+        mean_kl = float(seq_kl[keep].mean())
+        self.kl_ctl.update(mean_kl, n)
+        self.step += 1
+        record: dict[str, Any] = {
+            "step": self.step,
+            "reward": float(scores[keep].mean()),
+            "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
+            "kl": mean_kl,
+            "kl_coef": beta,
+            "entropy": float(ops.masked_mean(old.entropy, mask)),
+            "response_length": float(rollout.response_mask.sum(1).float().mean()),
+            "dropped": int((~keep).sum()),
+        }
+        record.update({key: sum(v) / len(v) for key, v in stats.items()})
+        record.update(self.method.on_iteration_end(self, self.step))
+        record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
+        return record
+
+    def _update(self, mb: Rollout, mask, advantages, old_logp, old_values, returns, stats) -> None:
+        c = self.config.algo
+        out = self._forward(self.model, mb, hidden=self.value_head is not None)
+        if c.name == "ppo":
+            loss, st = ops.ppo_policy_loss(out.logprobs, old_logp, advantages, mask, c.clip_range)
+            vloss, vst = ops.value_loss(self.value_head(out.hidden), old_values, returns, mask, c.clip_range_value)
+            st = {**st, **vst, "policy_loss": float(loss.detach()), "value_loss": float(vloss.detach())}
+            loss = loss + c.vf_coef * vloss
+        else:
+            loss = -ops.masked_mean(out.logprobs * advantages, mask)
+            st = {"policy_loss": float(loss.detach())}
+        if c.entropy_coef:
+            loss = loss - c.entropy_coef * ops.masked_mean(out.entropy, mask)
+        extra = self.method.extra_loss(self)
+        if extra is not None:
+            loss = loss + extra[0]
+            st.update(extra[1])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if c.max_grad_norm is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            st["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+        self.optimizer.step()
+        self.method.on_optimizer_step(self)
+        for key, value in st.items():
+            stats.setdefault(key, []).append(float(value))
+
+    # ------------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Validation reward, drift (perplexity on held-out text, KL to the initial model on fresh samples), task
+        metrics; the same for the EMA weights where the method keeps one. Uses its own RNG, so evaluating never
+        changes the training stream."""
+        record = self._evaluate_current("eval")
+        if self.method.ema is not None and self.config.eval.ema:
+            with self.method.ema.ema_weights():
+                record.update(self._evaluate_current("eval_ema"))
+        return record
+
+    def _evaluate_current(self, prefix: str) -> dict[str, Any]:
+        e = self.config.eval
+        prompts = self.task.eval_prompts[:e.num_prompts]
+        # The same noise at every evaluation: differences between steps come from the weights, not the draw.
+        generator = torch.Generator().manual_seed(self.config.seed + 1_000_003)
+        scores, completions, kls = [], [], []
+        for start in range(0, len(prompts), e.batch_size):
+            chunk = prompts[start:start + e.batch_size]
+            query_ids, query_mask = self._encode(chunk)
+            rollout = sample(self.model, query_ids, query_mask, self.sampling,
+                             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                             generator=generator, autocast_dtype=self.autocast_dtype)
+            texts = self._decode(rollout)
+            chunk_scores, keep = self._score(chunk, texts)
+            logp = self._forward(self.model, rollout).logprobs
+            with self.reference.model() as ref:
+                ref_logp = self._forward(ref, rollout).logprobs
+            mask = rollout.response_mask.float()
+            kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
+            scores.append(chunk_scores[keep])
+            completions.extend(texts)
+        record = {
+            f"{prefix}/reward": float(torch.cat(scores).mean()),
+            f"{prefix}/kl_init": float(torch.cat(kls).mean()),
+            f"{prefix}/perplexity": perplexity(self.model, self.tokenizer, self.task.reference_texts[:e.num_texts],
+                                               max_tokens=e.max_text_tokens, batch_size=e.batch_size,
+                                               autocast_dtype=self.autocast_dtype),
+        }
+        if self.task.metrics_fn is not None:
+            for key, value in self.task.metrics_fn(prompts, completions).items():
+                record[f"{prefix}/{key}"] = float(value)
+        record[f"{prefix}/sample"] = completions[0]
+        return record
+
+    # ---------------------------------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "data": {"epoch": self.data_epoch, "index": self.data_index},
+            "trainable": {n: p.detach().clone() for n, p in trainable_named_parameters(self.model)},
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "baseline": self.baseline.state_dict(),
+            "method": self.method.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        params = dict(trainable_named_parameters(self.model))
+        if set(params) != set(state["trainable"]):
+            raise ValueError("checkpoint: its trainable parameters do not match this model's")
+        with torch.no_grad():
+            for name, tensor in state["trainable"].items():
+                params[name].copy_(tensor)
+        if self.value_head is not None:
+            self.value_head.load_state_dict(state["value_head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.baseline.load_state_dict(state["baseline"])
+        self.method.load_state_dict(state["method"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.step = int(state["step"])
+        self.data_epoch, self.data_index = int(state["data"]["epoch"]), int(state["data"]["index"])
+
+    def save(self) -> Path:
+        return save_checkpoint(self.out_dir, self.step, self.state_dict(), keep=self.config.keep_checkpoints)
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.out_dir)
+        if path is None:  # killed before its first checkpoint: start over, dropping partial metrics
+            self.metrics.truncate_after(-1)
+            return
+        self.load_state_dict(load_checkpoint(path))
+        self.metrics.truncate_after(self.step)
+
+    # ---------------------------------------------------------------------------------------------- the run
+    def _log(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+        if self.config.tensorboard:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(self.out_dir / "tensorboard")
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.config.eval.every
+        return every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run until ``config.steps`` iterations; returns the records written this call."""
+        from tqdm.auto import tqdm
+
+        written = []
+        if self.step == 0 and self._eval_due(0):
+            record = {"step": 0, **self.evaluate()}
+            self._log(record)
+            written.append(record)
+        bar = tqdm(total=self.config.steps, initial=self.step, disable=not self.config.progress,
+                   desc=f"{self.config.method.name}", dynamic_ncols=True)
+        try:
+            while self.step < self.config.steps:
+                record = self.train_step()
+                self._log(record)
+                written.append(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
+                if self._eval_due(self.step):
+                    eval_record = {"step": self.step, **self.evaluate()}
+                    self._log(eval_record)
+                    written.append(eval_record)
+                every = self.config.checkpoint_every
+                if (every and self.step % every == 0) or self.step == self.config.steps:
+                    self.save()
+        finally:
+            bar.close()
+            self.metrics.close()
+            if self._tb is not None:
+                self._tb.close()
+        return written
+

@@ -1,0 +1,287 @@
+"""The RL engine end to end on a tiny byte-level Llama: every method and algorithm, resume after SIGKILL, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from elastic_reset.rl.checkpoint import read_metrics
+from elastic_reset.rl.config import ConfigError, config_from_dict, load_config
+from elastic_reset.rl.trainer import RewardError, RLTrainer
+from elastic_reset.tasks import Task, get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def tiny_config(*overrides: str, **sections):
+    data = yaml.safe_load(TINY.read_text())
+    data.update({"steps": 3, "checkpoint_every": 0, "eval": {"every": 0}})
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return config_from_dict(data, list(overrides))
+
+
+def trainable(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def without_times(records):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+# ----------------------------------------------------------------------------------------------- methods
+@pytest.mark.parametrize("algo", ["ppo", "reinforce", "rloo"])
+def test_each_algorithm_trains_and_logs(tmp_path, algo):
+    config = tiny_config(f"algo.name={algo}", "method.name=kl")
+    trainer = RLTrainer(config, tmp_path)
+    before = trainable(trainer)
+    records = trainer.train()
+    after = trainable(trainer)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    for key in ("reward", "kl", "kl_coef", "entropy", "policy_loss", "time/sample", "time/update"):
+        assert all(math.isfinite(r[key]) for r in records), key
+    if algo == "ppo":
+        assert all("value_loss" in r and "clipfrac" in r for r in records)
+
+
+def test_reset_to_init_returns_the_policy_to_its_initial_weights_but_not_the_value_head(tmp_path):
+    config = tiny_config("method.name=reset_to_init", "method.reset_every=3")
+    trainer = RLTrainer(config, tmp_path)
+    theta0 = trainable(trainer)
+    head0 = {k: v.clone() for k, v in trainer.value_head.state_dict().items()}
+    records = trainer.train()
+    assert records[-1]["reset"]["index"] == 1 and "reset" not in records[0]
+    for name, value in trainable(trainer).items():
+        assert torch.equal(value, theta0[name]), name
+    # The value head trained through the reset: the value function is never reset (paper §6, Appendix E.1).
+    assert any(not torch.equal(v, head0[k]) for k, v in trainer.value_head.state_dict().items())
+    assert not any("summary" in n for n in trainer.method.ema.names)
+
+
+def test_elastic_reset_sets_policy_to_ema_and_ema_to_init(tmp_path):
+    config = tiny_config("method.name=elastic_reset", "method.reset_every=3", "method.decay=0.5")
+    trainer = RLTrainer(config, tmp_path)
+    theta0 = trainable(trainer)
+    ema = trainer.method.ema
+    seen = {}
+    original_step = ema.step
+
+    def spy(update_ema=True):  # capture θ̄ just before the reset that happens in this call
+        if update_ema:
+            ema.update()
+        seen["ema"] = [t.clone() for t in ema.ema]
+        return original_step(update_ema=False)
+
+    ema.step = spy
+    trainer.train()
+    assert ema.num_resets == 1
+    for name, value, pre_reset_ema in zip(ema.names, ema.params, seen["ema"]):
+        torch.testing.assert_close(value.detach(), pre_reset_ema, rtol=0, atol=0)
+    for name, value in zip(ema.names, ema.ema):
+        assert torch.equal(value, theta0[name]), name
+    assert any(not torch.equal(p.detach(), theta0[n]) for n, p in zip(ema.names, ema.params))
+
+
+@pytest.mark.parametrize("clock,updates", [("step", 3 * 2 * 2), ("epoch", 3 * 2), ("iteration", 3)])
+def test_ema_update_clock(tmp_path, clock, updates):
+    # 3 iterations × 2 epochs × (8 samples / minibatch 4 = 2 optimizer steps).
+    config = tiny_config("method.name=ema_only", f"method.ema_update={clock}")
+    trainer = RLTrainer(config, tmp_path)
+    calls = []
+    original = trainer.method.ema.update
+    trainer.method.ema.update = lambda: (calls.append(1), original())[1]
+    trainer.train()
+    assert len(calls) == updates
+    assert trainer.method.ema.num_resets == 0 and trainer.method.ema.num_steps == 3
+
+
+def test_method_none_ignores_the_kl_penalty(tmp_path):
+    records = RLTrainer(tiny_config("method.name=none"), tmp_path).train()
+    assert all(r["kl_coef"] == 0.0 for r in records)
+
+
+def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
+    # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
+    # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.
+    config = tiny_config("method.name=elastic_reset", "kl.reference=ema", "kl.estimator=k3")
+    records = RLTrainer(config, tmp_path).train()
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert records[1]["kl"] > 0
+
+
+def test_nlpo_mask_model_is_delayed_then_synced(tmp_path):
+    config = tiny_config("method.name=nlpo", "method.nlpo_update_every=2", "method.nlpo_top_p=0.5",
+                         "method.nlpo_min_tokens=5")
+    trainer = RLTrainer(config, tmp_path)
+    theta0 = trainable(trainer)
+    mask_params = dict(trainer.method.mask_model.named_parameters())
+    trainer.train_step()
+    assert all(torch.equal(mask_params[n], theta0[n]) for n in theta0)  # still the initial policy
+    record = trainer.train_step()
+    assert record["nlpo/mask_update"] == 1
+    assert all(torch.equal(mask_params[n], p) for n, p in trainable(trainer).items())
+
+
+def test_multitask_adds_a_supervised_loss(tmp_path):
+    records = RLTrainer(tiny_config("method.name=multitask"), tmp_path).train()
+    assert all(r["multitask/nll"] > 0 for r in records)
+
+
+def test_lora_policy_trains_only_adapters(tmp_path):
+    config = tiny_config(model={"lora": {"r": 4, "alpha": 8}}, method={"name": "elastic_reset", "reset_every": 2})
+    trainer = RLTrainer(config, tmp_path)
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    trainer.train()
+    assert all("lora_" in n for n in trainer.method.ema.names)
+    assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def test_evaluation_reports_drift_and_never_changes_training(tmp_path):
+    quiet = RLTrainer(tiny_config(), tmp_path / "a").train()
+    evaluated = RLTrainer(tiny_config("eval.every=1"), tmp_path / "b").train()
+    train_only = [r for r in evaluated if "reward" in r]
+    assert without_times(train_only) == without_times(quiet)
+    evals = [r for r in evaluated if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2, 3]
+    assert evals[0]["eval/kl_init"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the reference
+    assert all(r["eval/perplexity"] > 1 for r in evals)
+    assert all("eval_ema/perplexity" in r for r in evals)
+
+
+# ----------------------------------------------------------------------------------------------- resume
+def _cli(*args, env=None):
+    return [sys.executable, "-m", "elastic_reset.cli", *map(str, args)]
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    overrides = ["--set", "steps=6", "--set", "checkpoint_every=2", "--set", "eval.every=3"]
+    full = tmp_path / "full"
+    subprocess.run(_cli("train", TINY, "--out", full, *overrides), check=True, capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cli("train", TINY, "--out", killed, *overrides),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= 3 for r in read_metrics(metrics)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(_cli("train", TINY, "--out", killed, "--resume", *overrides), check=True, capture_output=True)
+    assert without_times(read_metrics(killed / "metrics.jsonl")) == without_times(read_metrics(full / "metrics.jsonl"))
+
+
+def test_existing_run_dir_needs_resume_and_same_config(tmp_path):
+    RLTrainer(tiny_config(), tmp_path).train()
+    with pytest.raises(FileExistsError, match="--resume"):
+        RLTrainer(tiny_config(), tmp_path)
+    with pytest.raises(ConfigError, match="algo"):
+        RLTrainer(tiny_config("algo.lr=0.1"), tmp_path, resume=True)
+    trainer = RLTrainer(tiny_config("steps=4"), tmp_path, resume=True)  # extending a run is allowed
+    assert trainer.step == 3 and [r["step"] for r in trainer.train()] == [4]
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+def _task(reward_fn, **kw):
+    base = get_task("letter_frequency")
+    return Task(name="bad", train_prompts=base.train_prompts, eval_prompts=base.eval_prompts,
+                reward_fn=reward_fn, reference_texts=base.reference_texts, **kw)
+
+
+@pytest.mark.parametrize("reward_fn,match", [
+    (lambda p, c: [float("nan")] * len(c), "non-finite"),
+    (lambda p, c: [0.0] * (len(c) - 1), "returned 7 values for 8"),
+    (lambda p, c: ["high"] * len(c), "did not return numbers"),
+    (lambda p, c: None, "did not return numbers"),
+])
+def test_bad_rewards_stop_the_run(tmp_path, reward_fn, match):
+    with pytest.raises(RewardError, match=match):
+        RLTrainer(tiny_config(), tmp_path, task=_task(reward_fn)).train_step()
+
+
+def test_bad_rewards_can_be_dropped_and_counted(tmp_path):
+    def reward(prompts, completions):
+        return [float("inf") if i == 0 else 0.5 for i in range(len(completions))]
+
+    record = RLTrainer(tiny_config("bad_reward=drop"), tmp_path, task=_task(reward)).train_step()
+    assert record["dropped"] == 1 and record["reward"] == 0.5
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match=r"train_prompts\[1\] is empty"):
+        Task(name="t", train_prompts=["a", " "], eval_prompts=["a"], reward_fn=lambda p, c: [0.0] * len(c),
+             reference_texts=["x"])
+
+
+def test_prompt_budget_beyond_the_context_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="exceeds the model's context length 512"):
+        RLTrainer(tiny_config("model.max_prompt_tokens=600"), tmp_path)
+
+
+def test_tokenizer_without_pad_token_is_refused(tmp_path, monkeypatch):
+    from elastic_reset import models
+
+    original = models.byte_tokenizer
+
+    def no_pad():
+        tok = original()
+        tok.pad_token = None
+        return tok
+
+    monkeypatch.setattr(models, "byte_tokenizer", no_pad)
+    with pytest.raises(ValueError, match="no pad token"):
+        RLTrainer(tiny_config(), tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("override,match", [
+    ("algo.lrr=1", r"algo\.lrr: unknown key"),
+    ("algo.lr=fast", r"algo\.lr: expected a number"),
+    ("algo.lr=-1", r"algo\.lr: expected > 0"),
+    ("method.name=magic", r"method\.name: expected one of"),
+    ("method.decay=1.0", r"method\.decay"),
+    ("algo.minibatch_size=3", r"algo\.minibatch_size: must divide"),
+    ("kl.reference=ema", r"kl\.reference: 'ema' needs a method"),
+    ("sampling.min_new_tokens=99", r"sampling\.min_new_tokens"),
+    ("steps=true", r"steps: expected an integer"),
+])
+def test_bad_config_is_refused_naming_the_key(override, match):
+    sections = {"method": {"name": "kl"}} if override.startswith("kl.") else {}
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(override, **sections)
+
+
+def test_yaml_config_and_cli_errors(tmp_path):
+    config = load_config(TINY, ["algo.lr=0.01", "model.lora={r: 2}"])
+    assert config.algo.lr == 0.01 and config.model.lora.r == 2 and config.model.lora.alpha == 32
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  nam: ppo\n")
+    result = subprocess.run(_cli("train", bad, "--out", tmp_path / "run"), capture_output=True, text=True)
+    assert result.returncode == 2 and "algo.nam: unknown key" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_metrics_are_json_lines_with_step(tmp_path):
+    RLTrainer(tiny_config("eval.every=3"), tmp_path).train()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert all("step" in r for r in records)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["method"]["name"] == "elastic_reset"
+    assert os.path.exists(tmp_path / "checkpoints" / "latest")
