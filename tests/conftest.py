@@ -17,5 +17,11 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_threads():
+    """Seed, and one torch thread per test (restored after): the test models are tiny, and two threads on a
+    2-core machine slow to a crawl (15x measured here) as soon as anything else uses a core."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

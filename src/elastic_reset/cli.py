@@ -1,6 +1,9 @@
 """``elastic-reset``: the command line.
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
+    elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
+                  [--set key=value ...] [--method-set METHOD:key=value ...] [--drift perplexity|kl_init]
+    elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init]
     elastic-reset demo [--out DIR] [--steps N]
 """
 
@@ -23,6 +26,56 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from elastic_reset.compare import parse_method_overrides, parse_methods, run_grid
+    from elastic_reset.evaluation.report import ReportError, format_dominance, format_table
+
+    methods = parse_methods(args.methods)
+    method_overrides = parse_method_overrides(args.method_set or [], methods)
+    # The command as parsed, in canonical form: rerunning it continues (or reproduces) this grid.
+    command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods", ",".join(methods),
+               "--seeds", str(args.seeds), "--drift", args.drift]
+    for item in args.set or []:
+        command += ["--set", item]
+    for item in args.method_set or []:
+        command += ["--method-set", item]
+    try:
+        summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
+                           drift=args.drift, command=command)
+    except ReportError as err:
+        print(f"elastic-reset: error: {err}", file=sys.stderr)
+        return 2
+    print(format_dominance(summary["dominance"]))
+    print(format_table(summary))
+    print(f"grid written to {args.out} (summary.json, pareto.png, pareto_curves.png)")
+    return 0
+
+
+def _pareto(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elastic_reset.evaluation import report
+
+    try:
+        runs = []
+        for item in args.runs:
+            # LABEL=DIR groups DIR's runs under LABEL (e.g. two KL coefficients of method kl side by side).
+            label, path = None, item
+            if "=" in item and not Path(item).exists():
+                label, path = item.split("=", 1)
+            for run_dir in report.find_run_dirs(path):
+                runs.append(report.load_run(run_dir, method=label, drift=args.drift))
+        groups = report.group_runs(runs)
+        summary, rows = report.report(groups, args.out)
+    except report.ReportError as err:
+        print(f"elastic-reset: error: {err}", file=sys.stderr)
+        return 2
+    print(report.format_dominance(rows))
+    print(report.format_table(summary))
+    print(f"figures written to {args.out} and {report.curves_path(args.out)}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from elastic_reset.demo import run_demo
 
@@ -42,6 +95,32 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set algo.lr=1e-5 (repeatable)")
     train.set_defaults(func=_train)
+
+    compare = sub.add_parser("compare", help="train methods × seeds from one config (resumable), then report")
+    compare.add_argument("config", help="YAML file (see configs/)")
+    compare.add_argument("--out", required=True, help="grid directory: <method>/seed<i>/ runs, summary.json, "
+                         "pareto.png, pareto_curves.png")
+    compare.add_argument("--methods", required=True, help="comma-separated drift-control methods, e.g. "
+                         "kl,elastic_reset")
+    compare.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
+    compare.add_argument("--set", action="append", metavar="KEY=VALUE",
+                         help="override a config value for every run (repeatable)")
+    compare.add_argument("--method-set", action="append", metavar="METHOD:KEY=VALUE",
+                         help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
+                              "(repeatable)")
+    compare.add_argument("--drift", choices=("perplexity", "kl_init"), default="perplexity",
+                         help="drift metric of the report (default perplexity)")
+    compare.set_defaults(func=_compare)
+
+    pareto = sub.add_parser("pareto", help="Pareto frontier and curves figures, dominance and a final table "
+                                           "from run directories")
+    pareto.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="run directories (or directories holding runs, e.g. a compare grid); runs are "
+                             "grouped by their config's method.name, or by LABEL given as LABEL=RUN_DIR")
+    pareto.add_argument("--out", required=True, help="Pareto figure (PNG); the curves go to <stem>_curves.png")
+    pareto.add_argument("--drift", choices=("perplexity", "kl_init"), default="perplexity",
+                        help="drift metric on the y axis (default perplexity)")
+    pareto.set_defaults(func=_pareto)
 
     demo = sub.add_parser("demo", help="PPO+KL vs Elastic Reset on SmolLM2 (LoRA), a few minutes on a CPU")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")

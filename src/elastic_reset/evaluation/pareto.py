@@ -104,13 +104,17 @@ def dominance(a: Frontier, b: Frontier, lower_is_better: bool = True, n_levels: 
     Returns the shared range, the fraction of it where each has the better drift, and the area between the
     frontiers (∫ (drift_b − drift_a) d score for lower-is-better drift, so positive means A drifts less).
     """
-    lo = max(np.nanmin(a.levels[np.isfinite(a.mean)]), np.nanmin(b.levels[np.isfinite(b.mean)]))
-    hi = min(np.nanmax(a.levels[np.isfinite(a.mean)]), np.nanmax(b.levels[np.isfinite(b.mean)]))
+    fa, fb = np.isfinite(a.mean), np.isfinite(b.mean)
+    if not fa.any() or not fb.any():
+        return {"range": None, "a_better": 0.0, "b_better": 0.0, "area": 0.0}
+    # Interpolate each frontier through its finite levels only (a NaN level is one that not every seed reached).
+    la, ma, lb, mb = a.levels[fa], a.mean[fa], b.levels[fb], b.mean[fb]
+    lo, hi = max(la.min(), lb.min()), min(la.max(), lb.max())
     if not hi > lo:
         return {"range": None, "a_better": 0.0, "b_better": 0.0, "area": 0.0}
     grid = np.linspace(lo, hi, n_levels)
-    da = np.interp(grid, a.levels, a.mean)
-    db = np.interp(grid, b.levels, b.mean)
+    da = np.interp(grid, la, ma)
+    db = np.interp(grid, lb, mb)
     diff = (db - da) if lower_is_better else (da - db)  # > 0 where A is better
     return {
         "range": [float(lo), float(hi)],

@@ -1,0 +1,220 @@
+"""``elastic-reset compare``: train a grid of methods × seeds from one config, then report on it.
+
+Each cell is an ordinary run directory, ``GRID_DIR/<method>/seed<i>/``, trained with ``--set method.name=<method>
+--set seed=<i>`` on top of the user's overrides. The grid is *resumable*: it can be killed at any moment and
+started again with the same command (in another session, days later), and it continues where it stopped:
+
+- a cell with a ``done`` marker (written atomically after ``train()`` returns) is skipped, and so is a cell whose
+  latest checkpoint is already at ``steps`` (killed between its last checkpoint and its marker);
+- a cell with a ``config.yaml`` but no marker was cut short: it is continued with ``resume=True``, from its latest
+  checkpoint (the trainer drops the metrics written after it);
+- any other cell is trained from scratch.
+
+Raising ``steps`` and re-running continues every finished cell to the new length (the trainer allows ``steps``,
+and only ``steps``, to change on resume). At the end, and at every re-run, the report is rewritten:
+``summary.json`` (final evaluation mean ± SE per method, frontiers, dominance, the command), ``pareto.png`` and
+``pareto_curves.png``.
+
+This module drives the RL engine from the outside; the engine and the algorithm core never import it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from elastic_reset.evaluation import report
+from elastic_reset.rl.checkpoint import atomic_write_bytes
+from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, load_config
+
+DONE = "done"
+"""Name of the marker file of a finished cell (JSON: the steps it finished at, and when)."""
+
+# Keys the grid sets itself: a user override of them would silently relabel runs.
+_GRID_KEYS = {"seed": "--seeds", "method.name": "--methods"}
+
+
+@dataclass
+class Cell:
+    """One run of the grid."""
+
+    method: str
+    seed: int
+    run_dir: Path
+    overrides: list[str]
+    """Exactly the ``--set`` list this run is built from (global, then per-method, then the grid's own)."""
+    config: TrainConfig
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ConfigError("--methods: expected a comma-separated list, e.g. kl,elastic_reset")
+    for m in methods:
+        if m not in METHODS:
+            raise ConfigError(f"--methods: unknown method {m!r} (known: {', '.join(METHODS)})")
+    duplicates = sorted({m for m in methods if methods.count(m) > 1})
+    if duplicates:
+        raise ConfigError(f"--methods: {duplicates[0]!r} is listed twice")
+    return methods
+
+
+def parse_method_overrides(items: list[str], methods: list[str]) -> dict[str, list[str]]:
+    """``METHOD:KEY=VALUE`` items (``--method-set elastic_reset:kl.coef=0.001``) into per-method ``--set`` lists."""
+    out: dict[str, list[str]] = {m: [] for m in methods}
+    for item in items:
+        method, sep, override = item.partition(":")
+        if not sep or "=" not in override:
+            raise ConfigError(f"--method-set {item!r}: expected METHOD:KEY=VALUE, e.g. elastic_reset:kl.coef=0.001")
+        if method not in out:
+            raise ConfigError(f"--method-set {item!r}: {method!r} is not one of --methods ({', '.join(methods)})")
+        out[method].append(override)
+    return out
+
+
+def _check_not_grid_keys(overrides: list[str], flag: str) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in _GRID_KEYS:
+            raise ConfigError(f"{key}: set by the grid ({_GRID_KEYS[key]}); remove {flag} {item!r}")
+
+
+def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], seeds: int,
+              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None) -> list[Cell]:
+    """Every cell's config, built and validated before anything trains: a typo fails now, not hours in."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds: expected >= 1, got {seeds}")
+    method_overrides = method_overrides or {}
+    overrides = list(overrides)
+    _check_not_grid_keys(overrides, "--set")
+    for items in method_overrides.values():
+        _check_not_grid_keys(items, "--method-set")
+    cells = []
+    for method in methods:
+        for seed in range(seeds):
+            cell_overrides = [*overrides, *method_overrides.get(method, []), f"method.name={method}",
+                              f"seed={seed}"]
+            config = load_config(config_path, cell_overrides)
+            if config.eval.every < 1:
+                raise ConfigError("eval.every: compare needs evaluation records to report on; expected >= 1")
+            cells.append(Cell(method, seed, Path(out_dir) / method / f"seed{seed}", cell_overrides, config))
+    return cells
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run's latest checkpoint, read from the ``latest`` pointer's file name (no torch.load:
+    a big model's checkpoint takes seconds to read)."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    if not (pointer.parent / name).is_file() or not name.startswith("step_"):
+        return None
+    try:
+        return int(name.removeprefix("step_").removesuffix(".pt"))
+    except ValueError:
+        return None
+
+
+def cell_status(cell: Cell) -> str:
+    """``done`` (nothing to train), ``partial`` (continue with resume=True) or ``new``."""
+    marker = cell.run_dir / DONE
+    if marker.is_file():
+        try:
+            finished_at = int(json.loads(marker.read_text())["steps"])
+        except (ValueError, KeyError, TypeError):
+            finished_at = -1  # an unreadable marker proves nothing; the checkpoint decides below
+        if finished_at >= cell.config.steps:
+            return "done"
+    if not (cell.run_dir / "config.yaml").is_file():
+        return "new"
+    step = _checkpoint_step(cell.run_dir)
+    if step is not None and step >= cell.config.steps:
+        return "done"
+    return "partial"
+
+
+def _write_done(cell: Cell) -> None:
+    payload = json.dumps({"steps": cell.config.steps, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    atomic_write_bytes(cell.run_dir / DONE, lambda f: f.write(payload.encode()))
+
+
+def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
+    """Bring one cell to ``steps``; returns what was done: ``skipped``, ``resumed`` or ``trained``."""
+    from elastic_reset.rl.trainer import RLTrainer
+
+    status = cell_status(cell)
+    if status == "done":
+        if not (cell.run_dir / DONE).is_file():
+            _write_done(cell)
+        return "skipped"
+    resume = status == "partial"
+    step = _checkpoint_step(cell.run_dir) if resume else None
+    log(f"compare: {cell.method} seed {cell.seed}: "
+        + (f"resuming from step {step or 0}" if resume else "training") + f" to step {cell.config.steps} "
+        f"({cell.run_dir})")
+    try:
+        trainer = RLTrainer(cell.config, cell.run_dir, resume=resume)
+        trainer.train()
+    except BaseException:
+        log(f"compare: {cell.method} seed {cell.seed} stopped ({cell.run_dir}); run the same command again "
+            "to continue the grid")
+        raise
+    _write_done(cell)
+    # A big model's weights, optimizer state and EMA are freed before the next cell builds its own.
+    del trainer
+    gc.collect()
+    return "resumed" if resume else "trained"
+
+
+def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity",
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
+    out_dir = Path(out_dir)
+    runs = [report.load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
+    groups = report.group_runs(runs)
+    summary, rows = report.report(groups, out_dir / "pareto.png")
+    # Paths relative to the grid, so that the grid directory can be moved or shared as a whole.
+    for entry in summary["methods"].values():
+        entry["runs"] = [os.path.relpath(p, out_dir) for p in entry["runs"]]
+    summary = {**summary, "dominance": rows, **(extra or {})}
+    payload = json.dumps(report.to_jsonable(summary), indent=2) + "\n"
+    atomic_write_bytes(out_dir / "summary.json", lambda f: f.write(payload.encode()))
+    return summary
+
+
+def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], seeds: int,
+             overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
+             drift: str = "perplexity", command: list[str] | None = None,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train every cell that is not finished, one after the other, then write the report (see module docs).
+
+    ``command`` is the command line recorded in summary.json (argv list).
+    """
+    report.drift_metric(drift)  # an unknown drift fails before hours of training, not after
+    out_dir = Path(out_dir)
+    cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    actions = []
+    for i, cell in enumerate(cells, 1):
+        action = train_cell(cell, log)
+        if action == "skipped":
+            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
+        else:
+            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action}")
+        actions.append({"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
+                        "action": action, "overrides": cell.overrides})
+    extra = {
+        "command": shlex.join(command) if command else None,
+        "argv": list(command) if command else None,
+        "grid": {"config": str(config_path), "methods": list(methods), "seeds": seeds,
+                 "overrides": list(overrides), "method_overrides": method_overrides or {}},
+        "runs": actions,
+    }
+    return grid_report(out_dir, cells, drift, extra)

@@ -1,0 +1,292 @@
+"""Reports and the compare grid: Pareto/curve figures, summary numbers, dominance, `compare` resuming, `pareto` CLI.
+
+Training is the slow part here, so there is ONE real grid (2 methods × 2 seeds × 2 iterations of the tiny model),
+shared by the module; the numeric checks of the report run on small hand-written runs whose answers are known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from elastic_reset.cli import main
+from elastic_reset.evaluation import report
+from elastic_reset.evaluation.report import ReportError, load_run
+from elastic_reset.rl.trainer import RLTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# The smallest run that still has evaluations at steps 0, 1, 2, a checkpoint per step, and a reset at step 2.
+# One torch thread: on this 2-core machine, with another job busy, two spinning intra-op threads made the grid
+# 15x slower (67 s instead of 4.3 s); the tiny model gains nothing from a second thread anyway.
+TINY_SETS = ["threads=1", "steps=2", "eval.every=1", "checkpoint_every=1", "method.reset_every=2", "eval.num_prompts=2",
+             "eval.num_texts=2", "sampling.max_new_tokens=6", "sampling.min_new_tokens=6",
+             "algo.prompts_per_step=2", "algo.minibatch_size=4", "algo.epochs=1"]
+
+
+def assert_png(path: Path) -> None:
+    assert path.is_file(), path
+    data = path.read_bytes()
+    assert len(data) > 1000 and data[:8] == PNG_SIGNATURE, path
+
+
+def last_eval(run_dir: Path, drift: str = "perplexity") -> tuple[float, float]:
+    """The run's last evaluation record, read independently of the report module."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    final = [r for r in records if "eval/reward" in r][-1]
+    return final["eval/reward"], final[f"eval/{drift}"]
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
+# ------------------------------------------------------------------------------------ hand-written runs
+def write_run(run_dir: Path, method: str, seed: int, evals: list[tuple[int, float, float]],
+              resets: tuple[int, ...] = (), steps: int | None = None) -> Path:
+    """A run directory as the trainer writes it: config.yaml, training records, evaluation records."""
+    run_dir.mkdir(parents=True)
+    last = max(s for s, _, _ in evals)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "steps": steps or last,
+                                                         "method": {"name": method}}))
+    lines = []
+    for step, reward, ppl in evals:
+        if step > 0:
+            train = {"step": step, "reward": reward, "kl": 0.1}
+            if step in resets:
+                train["reset"] = {"index": resets.index(step) + 1, "mode": "elastic", "distance": 1.0}
+            lines.append(train)
+        lines.append({"step": step, "eval/reward": reward, "eval/perplexity": ppl, "eval/kl_init": ppl / 10})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return run_dir
+
+
+@pytest.fixture
+def fake_runs(tmp_path) -> Path:
+    """Two methods × two seeds on the same reward levels; `good` has 10 less perplexity everywhere."""
+    root = tmp_path / "runs"
+    for seed, shift in ((0, 0.0), (1, 2.0)):
+        rewards = [0.0, 0.25, 0.5, 0.75, 1.0]
+        write_run(root / "good" / f"seed{seed}", "elastic_reset", seed,
+                  [(2 * i, r, 20 + 10 * r + shift) for i, r in enumerate(rewards)], resets=(4, 8))
+        write_run(root / "bad" / f"seed{seed}", "kl", seed,
+                  [(2 * i, r, 30 + 10 * r + shift) for i, r in enumerate(rewards)])
+    return root
+
+
+def test_load_run_reads_evaluations_resets_and_the_chosen_drift(fake_runs):
+    run = load_run(fake_runs / "good" / "seed1")
+    assert (run.method, run.seed, run.total_steps, run.source) == ("elastic_reset", 1, 8, "eval")
+    assert run.steps.tolist() == [0, 2, 4, 6, 8]
+    assert run.rewards.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert np.allclose(run.drifts, [22, 24.5, 27, 29.5, 32])
+    assert run.reset_steps == [4, 8]
+    kl = load_run(fake_runs / "good" / "seed1", drift="kl_init", method="renamed")
+    assert kl.method == "renamed" and np.allclose(kl.drifts, [2.2, 2.45, 2.7, 2.95, 3.2])
+
+
+def test_load_run_reads_the_ema_evaluation_of_ema_only(tmp_path):
+    """EMA-only's point is its EMA (its policy is plain KL-penalised RL): by default it is judged on eval_ema/*."""
+    run_dir = write_run(tmp_path / "ema", "ema_only", 0, [(0, 0.0, 30.0), (2, 0.5, 40.0)])
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in lines:
+        if "eval/reward" in r:
+            r.update({"eval_ema/reward": r["eval/reward"] / 2, "eval_ema/perplexity": r["eval/perplexity"] - 5})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = load_run(run_dir)
+    assert run.source == "eval_ema" and run.rewards.tolist() == [0.0, 0.25] and run.drifts.tolist() == [25, 35]
+    assert load_run(run_dir, weights="policy").drifts.tolist() == [30, 40]
+
+
+def test_load_run_tolerates_a_torn_last_line_of_a_run_being_written(fake_runs):
+    path = fake_runs / "bad" / "seed0" / "metrics.jsonl"
+    with open(path, "a") as f:
+        f.write('{"step": 10, "eval/rew')
+    assert load_run(path.parent).steps[-1] == 8
+
+
+def test_load_run_errors_name_the_file(tmp_path, fake_runs, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ReportError, match=str(empty / "metrics.jsonl")):
+        load_run(empty)
+    no_evals = tmp_path / "no_evals"
+    no_evals.mkdir()
+    (no_evals / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "method": {"name": "kl"}}))
+    (no_evals / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5, "kl": 0.0}) + "\n")
+    with pytest.raises(ReportError, match=f"{no_evals / 'metrics.jsonl'}.*no evaluation records"):
+        load_run(no_evals)
+    with pytest.raises(ReportError, match="eval_ema"):
+        load_run(fake_runs / "good" / "seed0", weights="ema")
+    # The CLI says the same, as an error line and exit status 2, not a traceback.
+    assert main(["pareto", str(empty), "--out", str(tmp_path / "fig.png")]) == 2
+    assert str(empty / "metrics.jsonl") in capsys.readouterr().err
+
+
+def test_summary_dominance_and_figures_of_known_runs(fake_runs, tmp_path):
+    groups = report.group_runs([load_run(d) for d in sorted(fake_runs.glob("*/seed*"))])
+    assert list(groups) == ["kl", "elastic_reset"]  # bad/ sorts before good/
+    summary = report.summarize(groups)
+    er = summary["methods"]["elastic_reset"]
+    assert er["n_seeds"] == 2 and er["seeds"] == [0, 1] and er["final_steps"] == [8, 8]
+    assert er["final_reward"] == {"mean": 1.0, "se": 0.0}
+    assert er["final_drift"]["mean"] == pytest.approx(31.0)           # (30 + 32) / 2
+    assert er["final_drift"]["se"] == pytest.approx(1.0)              # stdev(30, 32) / sqrt(2)
+    assert summary["methods"]["kl"]["final_drift"]["mean"] == pytest.approx(41.0)
+    # The frontier: at every reward level, mean over seeds of the best perplexity reaching it; SE over seeds.
+    frontier = er["frontier"]
+    assert frontier["levels"][0] == 0.0 and frontier["levels"][-1] == 1.0
+    assert frontier["mean"][-1] == pytest.approx(31.0) and frontier["se"][-1] == pytest.approx(1.0)
+    assert json.loads(json.dumps(summary, allow_nan=False)) == summary  # strict JSON
+
+    (row,) = report.dominance_summary(groups)
+    assert (row["a"], row["b"]) == ("kl", "elastic_reset")
+    assert row["range"] == [0.0, 1.0]
+    assert (row["a_better"], row["b_better"]) == (0.0, 1.0)
+    assert row["area"] == pytest.approx(-10.0, rel=0.05)              # 10 perplexity better over a range of 1
+    assert "elastic_reset on 100%" in report.format_dominance([row])
+    assert "31 ± 1" in report.format_table(summary)
+
+    report.plot_pareto(groups, tmp_path / "p.png")
+    report.plot_curves(groups, tmp_path / "c.png")
+    assert_png(tmp_path / "p.png")
+    assert_png(tmp_path / "c.png")
+    with pytest.raises(ReportError, match="kl_init"):
+        report.plot_pareto(groups, tmp_path / "x.png", drift="kl_init")
+
+
+# ---------------------------------------------------------------------------------------- one real grid
+def compare_argv(grid: Path) -> list[str]:
+    sets = [item for s in TINY_SETS for item in ("--set", s)]
+    return ["compare", str(TINY), "--out", str(grid), "--methods", "kl,elastic_reset", "--seeds", "2", *sets,
+            "--method-set", "elastic_reset:kl.coef=0.001"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    # `threads` sets torch's process-wide thread count: give the rest of the test session its own back.
+    threads = torch.get_num_threads()
+    grid = tmp_path_factory.mktemp("grid")
+    try:
+        assert main(compare_argv(grid)) == 0
+        yield grid
+    finally:
+        torch.set_num_threads(threads)
+
+
+RUNS = [("kl", 0), ("kl", 1), ("elastic_reset", 0), ("elastic_reset", 1)]
+
+
+def test_compare_writes_the_runs_figures_and_summary(grid):
+    for method, seed in RUNS:
+        run_dir = grid / method / f"seed{seed}"
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert config["method"]["name"] == method and config["seed"] == seed
+        # --method-set applies to its method only; --set to all.
+        assert config["kl"]["coef"] == (0.001 if method == "elastic_reset" else 0.05)
+        assert config["steps"] == 2
+        assert json.loads((run_dir / "done").read_text())["steps"] == 2
+    assert_png(grid / "pareto.png")
+    assert_png(grid / "pareto_curves.png")
+    summary = json.loads((grid / "summary.json").read_text())
+    assert summary["command"].startswith("elastic-reset compare ") and "elastic_reset:kl.coef=0.001" in summary[
+        "command"]
+    assert summary["grid"]["methods"] == ["kl", "elastic_reset"] and summary["grid"]["seeds"] == 2
+    assert [(r["method"], r["seed"], r["action"]) for r in summary["runs"]] == [(m, s, "trained") for m, s in RUNS]
+    assert len(summary["dominance"]) == 1 and "text" in summary["dominance"][0]
+    assert load_run(grid / "elastic_reset" / "seed0").reset_steps == [2]
+
+
+def test_summary_is_mean_and_standard_error_of_the_last_evaluations(grid):
+    summary = json.loads((grid / "summary.json").read_text())
+    for method in ("kl", "elastic_reset"):
+        entry = summary["methods"][method]
+        finals = [last_eval(grid / method / f"seed{seed}") for seed in (0, 1)]
+        reward_mean, reward_se = mean_se([r for r, _ in finals])
+        drift_mean, drift_se = mean_se([d for _, d in finals])
+        assert entry["n_seeds"] == 2 and entry["runs"] == [f"{method}/seed0", f"{method}/seed1"]
+        assert entry["final_steps"] == [2, 2]
+        assert entry["final_reward"]["mean"] == pytest.approx(reward_mean)
+        assert entry["final_reward"]["se"] == pytest.approx(reward_se)
+        assert entry["final_drift"]["mean"] == pytest.approx(drift_mean)
+        assert entry["final_drift"]["se"] == pytest.approx(drift_se) and drift_se > 0  # seeds differ
+
+
+def test_pareto_cli_on_run_dirs_prints_dominance_and_table(grid, tmp_path, capsys):
+    dirs = [str(grid / m / f"seed{s}") for m, s in RUNS]
+    out = tmp_path / "figs" / "front.png"
+    assert main(["pareto", *dirs, "--out", str(out), "--drift", "kl_init"]) == 0
+    printed = capsys.readouterr().out
+    assert "Dominance" in printed and "kl vs elastic_reset" in printed
+    assert "final kl_init" in printed and "elastic_reset" in printed
+    assert_png(out)
+    assert_png(tmp_path / "figs" / "front_curves.png")
+
+
+def test_compare_rejects_bad_grids_before_training(tmp_path, capsys, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("nothing may train")
+
+    monkeypatch.setattr(RLTrainer, "__init__", no_training)
+    base = ["compare", str(TINY), "--out", str(tmp_path / "g"), "--seeds", "1"]
+    assert main([*base, "--methods", "kl,elastc_reset"]) == 2
+    assert "elastc_reset" in capsys.readouterr().err
+    assert main([*base, "--methods", "kl", "--set", "seed=3"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+    assert main([*base, "--methods", "kl", "--method-set", "elastic_reset:kl.coef=0.1"]) == 2
+    assert "not one of --methods" in capsys.readouterr().err
+    assert main([*base, "--methods", "kl", "--method-set", "kl:kl.cof=0.1"]) == 2  # every config is built first
+    assert "kl.cof" in capsys.readouterr().err
+
+
+def test_compare_resumes_where_it_stopped(grid, monkeypatch):
+    """Runs last in this module: it re-trains one cell (deterministically, to the same records)."""
+    metrics = {(m, s): grid / m / f"seed{s}" / "metrics.jsonl" for m, s in RUNS}
+    mtimes = {key: path.stat().st_mtime_ns for key, path in metrics.items()}
+
+    # 1. A finished grid: running it again trains nothing (no trainer is even built) and rewrites the report.
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    with monkeypatch.context() as m:
+        m.setattr(RLTrainer, "__init__", no_training)
+        assert main(compare_argv(grid)) == 0
+    assert {key: path.stat().st_mtime_ns for key, path in metrics.items()} == mtimes
+    summary = json.loads((grid / "summary.json").read_text())
+    assert {r["action"] for r in summary["runs"]} == {"skipped"}
+
+    # 2. Simulate a kill of kl/seed1 after its step-1 checkpoint: no done marker, no step-2 checkpoint, while its
+    #    metrics.jsonl already holds step-2 records (written before the kill).
+    victim = grid / "kl" / "seed1"
+    before = [r for r in map(json.loads, metrics["kl", 1].read_text().splitlines()) if "eval/reward" in r]
+    (victim / "done").unlink()
+    (victim / "checkpoints" / "step_0000002.pt").unlink()
+    (victim / "checkpoints" / "latest").write_text("step_0000001.pt")
+    built = []
+    original_init = RLTrainer.__init__
+
+    def recording_init(self, config, out_dir, **kwargs):
+        built.append((Path(out_dir), kwargs.get("resume")))
+        original_init(self, config, out_dir, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(RLTrainer, "__init__", recording_init)
+        assert main(compare_argv(grid)) == 0
+    assert built == [(victim, True)]
+    assert (victim / "done").is_file() and (victim / "checkpoints" / "step_0000002.pt").is_file()
+    for key, path in metrics.items():
+        assert (path.stat().st_mtime_ns == mtimes[key]) == (key != ("kl", 1)), key
+    after = [r for r in map(json.loads, metrics["kl", 1].read_text().splitlines()) if "eval/reward" in r]
+    assert [r["step"] for r in after] == [0, 1, 2]  # step 2 once: the stale records were cut, then rewritten
+    assert after == before  # resuming reproduces the uninterrupted run
+    summary = json.loads((grid / "summary.json").read_text())
+    assert [r["action"] for r in summary["runs"]] == ["skipped", "resumed", "skipped", "skipped"]
