@@ -5,6 +5,8 @@
                   [--set key=value ...] [--method-set METHOD:key=value ...] [--drift perplexity|kl_init]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init]
     elastic-reset demo [--out DIR] [--steps N]
+    elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
+                  [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
 """
 
 from __future__ import annotations
@@ -83,6 +85,34 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_reward_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elastic_reset.rewards.classifier import train_sentiment_classifier
+    from elastic_reset.tasks.imdb import default_reward_model_path, load_imdb, shuffled
+
+    out = Path(args.out) if args.out else default_reward_model_path()
+    if (out / "config.json").exists() and not args.force:
+        raise FileExistsError(f"{out}: a reward model is already there (pass --force to rebuild it)")
+    for name in ("n_train", "n_test", "epochs", "batch_size", "max_length"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    # Seeded shuffles: the files are ordered all-negative then all-positive.
+    train = shuffled(load_imdb(args.data_dir, "train"), args.seed, "imdb-classifier-train")[:args.n_train]
+    test = shuffled(load_imdb(args.data_dir, "test"), args.seed, "imdb-classifier-test")[:args.n_test]
+    metrics = train_sentiment_classifier(
+        [t for t, _ in train], [y for _, y in train], out, epochs=args.epochs, batch_size=args.batch_size,
+        lr=args.lr, max_length=args.max_length, seed=args.seed,
+        eval_texts=[t for t, _ in test], eval_labels=[y for _, y in test],
+        metadata={"task": args.task, "data_dir": args.data_dir or "hf:imdb",
+                  "train_split": "train (seeded shuffle, first n_train)",
+                  "test_split": "test (seeded shuffle, first n_test)"})
+    print(f"IMDB sentiment reward model: test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_size']} "
+          f"held-out test reviews, trained on {metrics['train_size']} in {metrics['train_seconds']:.0f}s; "
+          f"written to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-reset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,6 +157,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=None, help="training iterations per run")
     demo.add_argument("--model", default="smollm2", help="smollm2, or tiny-llama for a seconds-long smoke run")
     demo.set_defaults(func=_demo)
+
+    reward = sub.add_parser("build-reward-model", help="train a task's learned reward model (IMDB: a MiniLM "
+                            "sentiment classifier) and cache it where the task looks for it")
+    reward.add_argument("task", choices=("imdb",), help="whose reward model to build")
+    reward.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
+                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    reward.add_argument("--out", default=None, help="where to write it (default: the cache path the task reads, "
+                        "$ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-sentiment-minilm)")
+    reward.add_argument("--n-train", type=int, default=6000, help="training reviews (default 6000)")
+    reward.add_argument("--n-test", type=int, default=2000, help="held-out test reviews for the accuracy "
+                        "(default 2000)")
+    reward.add_argument("--epochs", type=int, default=1, help="default 1")
+    reward.add_argument("--batch-size", type=int, default=16, help="default 16")
+    reward.add_argument("--max-length", type=int, default=256, help="tokens kept per review, from the end "
+                        "(default 256)")
+    reward.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
+    reward.add_argument("--seed", type=int, default=0, help="default 0")
+    reward.add_argument("--force", action="store_true", help="replace a reward model already at --out")
+    reward.set_defaults(func=_build_reward_model)
     return parser
 
 

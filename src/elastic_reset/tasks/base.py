@@ -50,7 +50,8 @@ def register_task(name: str):
 
 
 def get_task(name: str, data_dir: str | None = None, **options: Any) -> Task:
-    import elastic_reset.tasks.toy  # noqa: F401  (each module registers its tasks)
+    import elastic_reset.tasks.imdb  # noqa: F401  (each module registers its tasks)
+    import elastic_reset.tasks.toy  # noqa: F401
     import elastic_reset.tasks.vader  # noqa: F401
 
     if name not in _REGISTRY:
