@@ -169,10 +169,11 @@ class RLTrainer:
             with self.reference.model() as ref:
                 yield ref
 
-    def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True):
+    def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True,
+                 entropy_grad: bool = False):
         return forward_response(
             model, rollout, temperature=self.sampling.temperature, autocast_dtype=self.autocast_dtype,
-            return_hidden=hidden, action_mask=rollout.action_mask if masked else None,
+            return_hidden=hidden, action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
         )
 
     def lm_loss(self, texts: list[str]) -> torch.Tensor:
@@ -214,17 +215,22 @@ class RLTrainer:
         mask = rollout.response_mask.float() * keep[:, None].float()
         times["reward"], t = time.perf_counter() - t, time.perf_counter()
 
-        # 3. Log-probs (and values) of the sampling policy, and of the KL reference.
+        # 3. Log-probs of the sampling policy, and of the KL reference. PPO recomputes the policy's log-probs with
+        # the same teacher-forced forward its update compares against (and gets the values from it); the
+        # single-pass on-policy algorithms reuse the sampler's own log-probs for the KL, saving a forward.
         with torch.no_grad():
-            old = self._forward(self.model, rollout, hidden=self.value_head is not None)
-            old_values = self.value_head(old.hidden) if self.value_head is not None else None
+            if self.value_head is not None:
+                old = self._forward(self.model, rollout, hidden=True)
+                old_logp, old_values = old.logprobs, self.value_head(old.hidden)
+            else:
+                old_logp, old_values = rollout.logprobs, None
             with self._kl_reference() as ref:
                 # The reference is the unmasked model: NLPO's mask restricts sampling, not what drift is measured against.
                 ref_logp = self._forward(ref, rollout, masked=False).logprobs
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
-        kl_tok = torch.where(mask > 0, ops.kl_estimate(old.logprobs, ref_logp, c.kl.estimator), 0.0)
+        kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
         seq_kl = kl_tok.sum(dim=1)
         beta = self.kl_ctl.value if self.method.uses_kl else 0.0
         returns = None
@@ -256,7 +262,7 @@ class RLTrainer:
             order = torch.randperm(n, generator=self.generator)
             for start in range(0, n, c.algo.minibatch_size):
                 idx = order[start:start + c.algo.minibatch_size]
-                self._update(rollout.select(idx), mask[idx], advantages[idx], old.logprobs[idx],
+                self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
                              None if old_values is None else old_values[idx],
                              None if returns is None else returns[idx], stats)
             self.method.on_epoch_end(self)
@@ -272,7 +278,6 @@ class RLTrainer:
             "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
             "kl": mean_kl,
             "kl_coef": beta,
-            "entropy": float(ops.masked_mean(old.entropy, mask)),
             "response_length": float(rollout.response_mask.sum(1).float().mean()),
             "dropped": int((~keep).sum()),
         }
@@ -283,7 +288,7 @@ class RLTrainer:
 
     def _update(self, mb: Rollout, mask, advantages, old_logp, old_values, returns, stats) -> None:
         c = self.config.algo
-        out = self._forward(self.model, mb, hidden=self.value_head is not None)
+        out = self._forward(self.model, mb, hidden=self.value_head is not None, entropy_grad=bool(c.entropy_coef))
         if c.name == "ppo":
             loss, st = ops.ppo_policy_loss(out.logprobs, old_logp, advantages, mask, c.clip_range)
             vloss, vst = ops.value_loss(self.value_head(out.hidden), old_values, returns, mask, c.clip_range_value)
@@ -292,8 +297,10 @@ class RLTrainer:
         else:
             loss = -ops.masked_mean(out.logprobs * advantages, mask)
             st = {"policy_loss": float(loss.detach())}
+        entropy = ops.masked_mean(out.entropy, mask)
+        st["entropy"] = float(entropy.detach())
         if c.entropy_coef:
-            loss = loss - c.entropy_coef * ops.masked_mean(out.entropy, mask)
+            loss = loss - c.entropy_coef * entropy
         extra = self.method.extra_loss(self)
         if extra is not None:
             loss = loss + extra[0]

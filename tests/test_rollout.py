@@ -1,0 +1,519 @@
+"""Tests for the rollout module: KV-cache sampling and the teacher-forced re-scoring pass.
+
+Tiny models only (byte-level Llama / GPT-2 decoders, a one-layer T5 and BART built locally): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from elastic_reset.models import tiny_causal_lm
+from elastic_reset.rl.rollout import (
+    ResponseOutput,
+    Rollout,
+    SamplingConfig,
+    forward_response,
+    precast_weights,
+    sample,
+    sample_from_logits,
+    top_p_set,
+)
+
+PAD, BOS, EOS, VOCAB = 0, 1, 2, 259
+DECODERS = ["llama", "gpt2"]
+SEQ2SEQ = ["t5", "bart"]
+ALL = DECODERS + SEQ2SEQ
+
+
+def make_model(arch: str, seed: int = 0, eos_bias: float | None = None):
+    """A tiny model in eval mode (no dropout); ``eos_bias`` adds that much to EOS's logit so responses end early."""
+    if arch in DECODERS:
+        model = tiny_causal_lm(arch, seed=seed)
+    elif arch == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        torch.manual_seed(seed)
+        model = T5ForConditionalGeneration(T5Config(
+            vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16,
+            decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=EOS))
+    elif arch == "bart":
+        from transformers import BartConfig, BartForConditionalGeneration
+
+        torch.manual_seed(seed)
+        model = BartForConditionalGeneration(BartConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+            pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=EOS,
+            forced_eos_token_id=None))
+    else:
+        raise ValueError(arch)
+    if eos_bias is not None:
+        head = model.get_output_embeddings()
+        bias = torch.zeros(head.out_features)
+        bias[EOS] = eos_bias
+        head.bias = nn.Parameter(bias)
+    return model.eval()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine OpenMP's spin-waiting makes them up
+    to 100x slower: run this module single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def prompts(arch: str, lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts padded the way each kind of model expects: left for decoders, right for encoders."""
+    ids, mask = left_padded(lengths, seed)
+    if arch in SEQ2SEQ:
+        ids = torch.stack([torch.cat([row[m.bool()], row[~m.bool()]]) for row, m in zip(ids, mask)])
+        mask = mask.flip(1)
+    return ids, mask
+
+
+def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random byte prompts starting with BOS, left-padded to the longest."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = torch.randint(3, VOCAB, (n,), generator=g)
+        ids[i, width - n] = BOS
+        mask[i, width - n:] = 1
+    return ids, mask
+
+
+def run(model, ids, mask, seed=0, **config):
+    kw = {k: config.pop(k) for k in ("mask_model", "mask_top_p", "min_tokens_to_keep", "autocast_dtype",
+                                     "eos_token_id") if k in config}
+    kw.setdefault("eos_token_id", EOS)
+    return sample(model, ids, mask, SamplingConfig(**config), pad_token_id=PAD,
+                  generator=torch.Generator().manual_seed(seed), **kw)
+
+
+def check_response_layout(r: Rollout) -> None:
+    """Mask 1 up to and including EOS, 0 after; pad ids and zero log-probs after; negative log-probs before."""
+    for i in range(len(r)):
+        n = int(r.response_mask[i].sum())
+        assert r.response_mask[i, :n].eq(1).all() and r.response_mask[i, n:].eq(0).all()
+        ids = r.response_ids[i, :n].tolist()
+        assert EOS not in ids[:-1]
+        if n < r.response_ids.shape[1]:
+            assert ids[-1] == EOS
+        assert r.response_ids[i, n:].eq(PAD).all()
+        assert r.logprobs[i, n:].eq(0).all() and (r.logprobs[i, :n] < 0).all()
+
+
+def recompute_logprobs(model, ids, mask, r: Rollout, temperature=1.0) -> torch.Tensor:
+    """Each response token's log-prob from a fresh, cache-free forward over the UNPADDED prefix: independent of
+    the sampler's KV cache, position ids and padding masks."""
+    out = torch.zeros_like(r.logprobs)
+    enc_dec = model.config.is_encoder_decoder
+    start = model.config.decoder_start_token_id if enc_dec else None
+    with torch.no_grad():
+        for i in range(len(r)):
+            query = ids[i, mask[i].bool()][None]
+            for t in range(int(r.response_mask[i].sum())):
+                prefix = r.response_ids[i, :t][None]
+                if enc_dec:
+                    dec = torch.cat([torch.tensor([[start]]), prefix], 1)
+                    logits = model(input_ids=query, decoder_input_ids=dec, use_cache=False).logits[0, -1]
+                else:
+                    logits = model(input_ids=torch.cat([query, prefix], 1), use_cache=False).logits[0, -1]
+                out[i, t] = torch.log_softmax(logits / temperature, -1)[r.response_ids[i, t]]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shapes, padding, masks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_shapes_masks_and_eos_layout(arch):
+    model = make_model(arch, eos_bias=4.0)
+    ids, mask = prompts(arch, [3, 7, 5, 9, 4, 6])
+    r = run(model, ids, mask, max_new_tokens=12)
+    assert isinstance(r, Rollout) and len(r) == 6 and r.action_mask is None and r.masked_logprobs is None
+    assert r.query_ids is ids and r.query_mask is mask
+    tr = r.response_ids.shape[1]
+    assert 1 <= tr <= 12
+    assert r.response_mask.shape == r.logprobs.shape == (6, tr)
+    assert r.response_ids.dtype == torch.long and r.response_mask.dtype == torch.float32
+    assert r.logprobs.dtype == torch.float32
+    check_response_layout(r)
+    lengths = r.response_lengths.tolist()
+    assert len(set(lengths)) > 1, "the EOS bias should end responses at different lengths"
+    assert max(lengths) == tr  # trimmed to the longest response
+    assert not any(t.is_inference() for t in (r.response_ids, r.response_mask, r.logprobs))
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_padded_prompt_gives_same_continuation(arch):
+    model = make_model(arch)
+    ids, mask = prompts(arch, [6])
+    padded_ids = torch.cat([torch.full((1, 4), PAD), ids], 1)
+    padded_mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), mask], 1)
+    plain = run(model, ids, mask, max_new_tokens=10, min_new_tokens=10)
+    padded = run(model, padded_ids, padded_mask, max_new_tokens=10, min_new_tokens=10)
+    assert torch.equal(plain.response_ids, padded.response_ids)
+    torch.testing.assert_close(plain.logprobs, padded.logprobs, atol=1e-5, rtol=0)
+
+    # Same prompt inside a batch with a longer one (so it is left-padded): same log-probs for the same response.
+    other, other_mask = left_padded([11], seed=1)
+    batch_ids = torch.cat([torch.cat([torch.full((1, 5), PAD), ids], 1), other], 0)
+    batch_mask = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), mask], 1), other_mask], 0)
+    responses = torch.cat([plain.response_ids, plain.response_ids], 0)
+    out = forward_response(model, batch_ids, batch_mask, responses, torch.ones(2, 10))
+    torch.testing.assert_close(out.logprobs[:1].detach(), plain.logprobs, atol=1e-5, rtol=0)
+
+
+def test_right_padded_decoder_prompt_is_rejected():
+    model = make_model("llama")
+    ids, mask = left_padded([3, 5])
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        run(model, ids.flip(1), mask.flip(1), max_new_tokens=3)
+    with pytest.raises(ValueError, match="query_mask"):
+        run(model, ids, torch.zeros_like(mask), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_min_equals_max_gives_exactly_that_many_tokens(arch):
+    model = make_model(arch, eos_bias=12.0)  # EOS would be sampled almost surely if it were allowed
+    ids, mask = prompts(arch, [4, 8, 2])
+    r = run(model, ids, mask, max_new_tokens=8, min_new_tokens=8)
+    assert r.response_ids.shape == (3, 8)
+    assert r.response_mask.eq(1).all()
+    assert not r.response_ids.eq(EOS).any()
+
+
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_min_new_tokens_then_eos(arch):
+    model = make_model(arch, eos_bias=12.0)
+    ids, mask = prompts(arch, [4, 8, 2])
+    r = run(model, ids, mask, max_new_tokens=10, min_new_tokens=3)
+    assert r.response_ids.shape == (3, 4)
+    assert r.response_ids[:, 3].eq(EOS).all() and not r.response_ids[:, :3].eq(EOS).any()
+    assert r.response_mask.eq(1).all()
+    # The recorded log-probs ignore the EOS suppression: they are the policy's own distribution.
+    torch.testing.assert_close(forward_response(model, r).logprobs.detach(), r.logprobs, atol=1e-5, rtol=0)
+
+
+def test_stop_at_eos_false_keeps_going():
+    model = make_model("llama", eos_bias=4.0)
+    ids, mask = left_padded([3, 6, 5, 4])
+    r = run(model, ids, mask, max_new_tokens=12, stop_at_eos=False)
+    assert r.response_ids.shape == (4, 12) and r.response_mask.eq(1).all()
+    assert r.response_ids[:, :-1].eq(EOS).any(), "EOS is sampled mid-response and generation continues"
+    torch.testing.assert_close(forward_response(model, r).logprobs.detach(), r.logprobs, atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Log-prob agreement: sampler == teacher-forced pass == cache-free recomputation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ALL)
+@pytest.mark.parametrize("temperature,top_k,top_p,eos_bias", [(1.0, 0, 1.0, 3.5), (0.7, 50, 0.9, 3.0)])
+def test_sample_logprobs_equal_forward_response(arch, temperature, top_k, top_p, eos_bias):
+    model = make_model(arch, eos_bias=eos_bias)
+    ids, mask = prompts(arch, [2, 9, 5, 7, 3])
+    r = run(model, ids, mask, max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert len(set(r.response_lengths.tolist())) > 1
+    out = forward_response(model, r, temperature=temperature, return_hidden=True)
+    assert isinstance(out, ResponseOutput) and out.logits is None
+    torch.testing.assert_close(out.logprobs.detach(), r.logprobs, atol=1e-5, rtol=0)
+    hidden_size = model.config.hidden_size if arch in DECODERS else model.config.d_model
+    assert out.hidden.shape == (*r.response_ids.shape, hidden_size)
+    valid = r.response_mask.bool()
+    assert (out.entropy[valid] > 0).all() and out.entropy[~valid].eq(0).all()
+    assert not out.entropy.requires_grad
+
+    # The rollout's tensors can enter a graph (no inference tensors) and the gradient flows.
+    loss = -(out.logprobs * r.logprobs.exp() * r.response_mask).sum() + out.hidden.pow(2).mean()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_kv_cache_matches_no_cache_recomputation(arch):
+    model = make_model(arch, eos_bias=3.0)
+    ids, mask = prompts(arch, [2, 6, 4])
+    r = run(model, ids, mask, max_new_tokens=8, temperature=0.8)
+    expected = recompute_logprobs(model, ids, mask, r, temperature=0.8)
+    torch.testing.assert_close(r.logprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_forward_response_hidden_predicts_each_token():
+    """hidden[:, t] is the state that predicts token t: the LM head on it gives that token's logits."""
+    model = make_model("llama")
+    ids, mask = left_padded([3, 6])
+    r = run(model, ids, mask, max_new_tokens=5)
+    out = forward_response(model, r, return_hidden=True, return_logits=True)
+    torch.testing.assert_close(model.get_output_embeddings()(out.hidden), out.logits, atol=1e-5, rtol=0)
+    manual = torch.log_softmax(out.logits, -1).gather(-1, r.response_ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(out.logprobs, manual * r.response_mask, atol=1e-6, rtol=0)
+
+
+def test_bf16_autocast():
+    model = make_model("llama", eos_bias=3.0)
+    ids, mask = left_padded([3, 7, 5])
+    r = run(model, ids, mask, max_new_tokens=8, autocast_dtype=torch.bfloat16)
+    assert r.logprobs.dtype == torch.float32
+    check_response_layout(r)
+    out = forward_response(model, r, autocast_dtype=torch.bfloat16)
+    assert out.logprobs.dtype == torch.float32
+    torch.testing.assert_close(out.logprobs.detach(), r.logprobs, atol=0.1, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "t5"])
+def test_precast_weights_same_numbers_as_autocast_and_restores(arch):
+    model = make_model(arch)
+    ids, mask = prompts(arch, [4, 6])
+    kw = {"decoder_input_ids": ids[:, :3]} if arch in SEQ2SEQ else {}
+    before = dict(model.named_parameters())
+    linear = next(m for m in model.modules() if type(m).__name__ in ("Linear", "Conv1D"))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(input_ids=ids, attention_mask=mask, **kw).logits
+        with precast_weights(model, torch.bfloat16):
+            assert linear.weight.dtype == torch.bfloat16
+            assert model.get_input_embeddings().weight.dtype == torch.float32  # even when tied to the LM head
+            cast = model(input_ids=ids, attention_mask=mask, **kw).logits
+    assert torch.equal(reference, cast)
+    assert all(p is before[n] for n, p in model.named_parameters())
+
+    with pytest.raises(RuntimeError, match="boom"), precast_weights(model, torch.bfloat16):
+        raise RuntimeError("boom")
+    assert all(p is before[n] for n, p in model.named_parameters())
+
+    # With grad enabled only frozen tensors are swapped: the trainable ones keep receiving gradients.
+    for p in model.parameters():
+        p.requires_grad_(False)
+    trainable = model.get_output_embeddings().weight.requires_grad_(True)
+    with precast_weights(model, torch.bfloat16):
+        assert model.get_output_embeddings().weight is trainable
+        assert linear.weight.dtype == torch.bfloat16 or linear is model.get_output_embeddings()
+
+
+def test_sample_from_logits_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    scores = probs.log().expand(40000, -1)  # log 0 = -inf: never drawn
+    draws = sample_from_logits(scores, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=5).float() / len(draws)
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
+    again = sample_from_logits(scores, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)
+
+
+def test_sample_from_logits_never_draws_a_masked_token_even_at_u_near_one(monkeypatch):
+    scores = torch.tensor([[0.0, 1.0, float("-inf"), float("-inf")], [float("-inf"), 0.0, 0.0, float("-inf")]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw.get("dtype")))
+    assert sample_from_logits(scores).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
+def test_peft_lora_model(autocast_dtype):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(make_model("llama", eos_bias=3.0),
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.eval()
+    ids, mask = left_padded([3, 7, 5])
+    r = run(model, ids, mask, max_new_tokens=8, autocast_dtype=autocast_dtype)
+    check_response_layout(r)
+    out = forward_response(model, r, autocast_dtype=autocast_dtype)
+    torch.testing.assert_close(out.logprobs.detach(), r.logprobs, atol=1e-5 if autocast_dtype is None else 0.1,
+                               rtol=0)
+    out.logprobs.sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling rules: greedy, top-k, top-p, reproducibility
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_top_k_1_is_greedy(arch):
+    model = make_model(arch)
+    ids, mask = prompts(arch, [3, 8, 5])
+    r = run(model, ids, mask, max_new_tokens=8, min_new_tokens=8, top_k=1)
+    greedy = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, min_new_tokens=8,
+                            pad_token_id=PAD, eos_token_id=EOS)
+    assert torch.equal(r.response_ids, greedy[:, -8:])
+
+
+class MarkovLM(nn.Module):
+    """A 'language model' whose next-token logits are a fixed table row chosen by the last input token, so the
+    test knows every step's distribution exactly. Speaks the Hugging Face call convention the sampler uses."""
+
+    def __init__(self, vocab: int = 50, seed: int = 0, scale: float = 3.0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = nn.Parameter(torch.randn(vocab, vocab, generator=g) * scale, requires_grad=False)
+        self.config = SimpleNamespace(is_encoder_decoder=False)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
+                **kwargs):
+        return SimpleNamespace(logits=self.table[input_ids], past_key_values=None)
+
+    def step_logits(self, ids, mask, r: Rollout) -> torch.Tensor:
+        """[B, Tr, V]: the logits each response token was sampled from."""
+        prev = torch.cat([ids[:, -1:], r.response_ids[:, :-1]], 1)
+        return self.table[prev]
+
+
+def independent_top_p(logits: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
+    """The smallest set of most likely tokens with cumulative probability >= p (at least ``min_keep``), computed
+    by a descending walk rather than Hugging Face's ascending one."""
+    probs, order = torch.softmax(logits.double(), -1).sort(-1, descending=True)
+    before = probs.cumsum(-1) - probs  # mass of the strictly more likely tokens
+    keep_sorted = before < p
+    keep_sorted[..., :min_keep] = True
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_top_p_never_samples_outside_the_set(temperature):
+    lm = MarkovLM()
+    ids = torch.randint(0, 50, (64, 3), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    r = run(lm, ids, mask, max_new_tokens=16, top_p=0.6, temperature=temperature, eos_token_id=None)
+    assert r.response_ids.shape == (64, 16)
+    allowed = independent_top_p(lm.step_logits(ids, mask, r) / temperature, 0.6)
+    assert torch.equal(allowed, top_p_set(lm.step_logits(ids, mask, r) / temperature, 0.6))
+    assert allowed.gather(-1, r.response_ids[..., None]).all()
+    assert (allowed.sum(-1) > 1).float().mean() > 0.5, "the sets should usually hold several tokens"
+    # Without top-p the same model does sample outside those sets: the check above is not vacuous.
+    free = run(lm, ids, mask, max_new_tokens=16, temperature=temperature, eos_token_id=None)
+    free_allowed = independent_top_p(lm.step_logits(ids, mask, free) / temperature, 0.6)
+    assert not free_allowed.gather(-1, free.response_ids[..., None]).all()
+
+
+def test_top_k_never_samples_outside_the_k_best():
+    lm = MarkovLM(seed=2)
+    ids = torch.randint(0, 50, (64, 2), generator=torch.Generator().manual_seed(3))
+    r = run(lm, ids, torch.ones_like(ids), max_new_tokens=16, top_k=3, eos_token_id=None)
+    logits = lm.step_logits(ids, None, r)
+    rank = (logits > logits.gather(-1, r.response_ids[..., None])).sum(-1)  # tokens strictly better than the pick
+    assert (rank < 3).all() and (rank > 0).any()
+
+
+def test_min_tokens_to_keep_in_top_p_set():
+    logits = torch.tensor([[10.0, 0.0, 0.0, -1.0, -2.0]])
+    assert top_p_set(logits, 0.5).tolist() == [[True, False, False, False, False]]
+    assert top_p_set(logits, 0.5, min_tokens_to_keep=3).sum() == 3
+
+
+def test_same_seed_same_samples_other_seed_differs():
+    model = make_model("gpt2", eos_bias=2.0)
+    ids, mask = left_padded([3, 7, 5, 4])
+    a = run(model, ids, mask, seed=7, max_new_tokens=10)
+    b = run(model, ids, mask, seed=7, max_new_tokens=10)
+    c = run(model, ids, mask, seed=8, max_new_tokens=10)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# NLPO: masked sampling from a mask model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def mask_sets(mask_model, ids, mask, r: Rollout, top_p: float, min_keep: int) -> torch.Tensor:
+    """[B, Tr, V]: the mask model's top-p set at every step, recomputed without cache on unpadded prefixes."""
+    sets = torch.ones(*r.response_ids.shape, VOCAB, dtype=torch.bool)
+    with torch.no_grad():
+        for i in range(len(r)):
+            query = ids[i, mask[i].bool()][None]
+            n = int(r.response_mask[i].sum())
+            if mask_model.config.is_encoder_decoder:
+                start = torch.tensor([[mask_model.config.decoder_start_token_id]])
+                logits = mask_model(input_ids=query, decoder_input_ids=torch.cat(
+                    [start, r.response_ids[i, : n - 1][None]], 1)).logits[0]
+            else:
+                seq = torch.cat([query, r.response_ids[i, : n - 1][None]], 1)
+                logits = mask_model(input_ids=seq).logits[0, query.shape[1] - 1:]
+            sets[i, :n] = independent_top_p(logits, top_p, min_keep)
+    return sets
+
+
+def peaked(model, seed: int):
+    """Give a tiny random model a peaked next-token distribution (a random bias on the LM head)."""
+    head = model.get_output_embeddings()
+    head.bias = nn.Parameter(torch.randn(head.out_features, generator=torch.Generator().manual_seed(seed)) * 3)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_nlpo_samples_inside_the_mask_models_top_p_set(arch):
+    policy = make_model(arch, seed=0, eos_bias=3.0)
+    mask_model = peaked(make_model(arch, seed=1), seed=5)
+    ids, mask = prompts(arch, [3, 8, 5, 6])
+    r = run(policy, ids, mask, max_new_tokens=10, mask_model=mask_model, mask_top_p=0.8, min_tokens_to_keep=2)
+    assert r.action_mask.shape == (*r.response_ids.shape, VOCAB) and r.action_mask.dtype == torch.bool
+    valid = r.response_mask.bool()
+    expected = mask_sets(mask_model, ids, mask, r, 0.8, 2)
+    assert torch.equal(r.action_mask[valid], expected[valid])
+    assert r.action_mask.gather(-1, r.response_ids[..., None]).squeeze(-1)[valid].all()
+    assert r.action_mask[~valid].all()  # padding positions are unrestricted
+    sizes = r.action_mask[valid].sum(-1).float()
+    assert sizes.min() >= 2 and sizes.mean() < VOCAB / 4, "the mask should actually restrict the policy"
+
+    # Unmasked log-probs match the plain teacher-forced pass; masked ones match it with the action mask.
+    torch.testing.assert_close(forward_response(policy, r).logprobs.detach(), r.logprobs, atol=1e-5, rtol=0)
+    masked = forward_response(policy, r, action_mask=r.action_mask)
+    torch.testing.assert_close(masked.logprobs.detach(), r.masked_logprobs, atol=1e-5, rtol=0)
+    assert (r.masked_logprobs[valid] >= r.logprobs[valid] - 1e-6).all()
+    assert torch.isfinite(masked.entropy).all()
+
+
+def test_nlpo_min_tokens_to_keep():
+    policy = make_model("llama", seed=0)
+    mask_model = make_model("llama", seed=1)
+    ids, mask = left_padded([3, 5])
+    r = run(policy, ids, mask, max_new_tokens=6, min_new_tokens=6, mask_model=mask_model, mask_top_p=1e-6,
+            min_tokens_to_keep=7)
+    assert r.action_mask.sum(-1).eq(7).all()
+    assert r.action_mask.gather(-1, r.response_ids[..., None]).all()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rollout container and config validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_rollout_select_to_len():
+    policy, mask_model = make_model("llama", seed=0), make_model("llama", seed=1)
+    ids, mask = left_padded([3, 8, 5])
+    r = run(policy, ids, mask, max_new_tokens=4, mask_model=mask_model)
+    sub = r.select([2, 0])
+    assert len(sub) == 2
+    assert torch.equal(sub.query_ids, ids[[2, 0]]) and torch.equal(sub.response_ids, r.response_ids[[2, 0]])
+    assert torch.equal(sub.action_mask, r.action_mask[[2, 0]])
+    assert torch.equal(r.select(torch.tensor([1])).logprobs, r.logprobs[1:2])
+    assert len(r.select(slice(0, 2))) == 2
+    moved = r.to("cpu")
+    assert len(moved) == 3 and torch.equal(moved.masked_logprobs, r.masked_logprobs)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_new_tokens", 0), ("min_new_tokens", -1), ("temperature", 0.0), ("temperature", -1.0),
+    ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+])
+def test_bad_config_raises_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value})
+
+
+def test_min_above_max_raises():
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        SamplingConfig(max_new_tokens=4, min_new_tokens=5)
