@@ -41,14 +41,16 @@ def without_times(records):
 
 
 # ----------------------------------------------------------------------------------------------- methods
-@pytest.mark.parametrize("algo", ["ppo", "reinforce", "rloo"])
-def test_each_algorithm_trains_and_logs(tmp_path, algo):
-    config = tiny_config(f"algo.name={algo}", "method.name=kl")
+@pytest.mark.parametrize("algo,minibatch", [("ppo", 4), ("reinforce", 4), ("rloo", 4), ("reinforce", 8), ("rloo", 8)])
+def test_each_algorithm_trains_and_logs(tmp_path, algo, minibatch):
+    # minibatch 8 = the whole rollout: REINFORCE/RLOO then reuse the update's forward for the KL (the fused path).
+    config = tiny_config(f"algo.name={algo}", "method.name=kl", f"algo.minibatch_size={minibatch}")
     trainer = RLTrainer(config, tmp_path)
     before = trainable(trainer)
     records = trainer.train()
     after = trainable(trainer)
     assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-4)  # before the first update the policy is the reference
     assert any(not torch.equal(before[n], after[n]) for n in before)
     for key in ("reward", "kl", "kl_coef", "entropy", "policy_loss", "time/sample", "time/update"):
         assert all(math.isfinite(r[key]) for r in records), key

@@ -216,56 +216,51 @@ class RLTrainer:
         times["reward"], t = time.perf_counter() - t, time.perf_counter()
 
         # 3. Log-probs of the sampling policy, and of the KL reference. PPO recomputes the policy's log-probs with
-        # the same teacher-forced forward its update compares against (and gets the values from it); the
-        # single-pass on-policy algorithms reuse the sampler's own log-probs for the KL, saving a forward.
+        # the same teacher-forced forward its update compares against (and gets the values from it). REINFORCE and
+        # RLOO are on-policy and make one pass: with a single minibatch, the update's own forward (step 5) gives
+        # the log-probs for the KL penalty, saving a forward. Otherwise, in fp32 the sampler's log-probs equal the
+        # teacher-forced ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04
+        # nats per token, which would put noise (and a non-zero KL at step 0) into the penalty, so they are
+        # recomputed.
+        n = len(rollout)
+        fused = c.algo.name != "ppo" and c.algo.minibatch_size >= n
+        old_logp = old_values = None
         with torch.no_grad():
             if self.value_head is not None:
                 old = self._forward(self.model, rollout, hidden=True)
                 old_logp, old_values = old.logprobs, self.value_head(old.hidden)
-            else:
-                old_logp, old_values = rollout.logprobs, None
+            elif not fused:
+                old_logp = (self._forward(self.model, rollout).logprobs if self.autocast_dtype is not None
+                            else rollout.logprobs)
             with self._kl_reference() as ref:
                 # The reference is the unmasked model: NLPO's mask restricts sampling, not what drift is measured against.
                 ref_logp = self._forward(ref, rollout, masked=False).logprobs
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
+        out = None
+        if fused:
+            out = self._forward(self.model, rollout, entropy_grad=bool(c.algo.entropy_coef))
+            old_logp = out.logprobs.detach()
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
         kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
         seq_kl = kl_tok.sum(dim=1)
         beta = self.kl_ctl.value if self.method.uses_kl else 0.0
-        returns = None
-        if c.algo.name == "ppo":
-            # Over every response (a dropped one has score 0 here); `mask` then keeps dropped ones out of the loss.
-            full = rollout.response_mask.float()
-            rewards = ops.token_rewards(scores, beta * kl_tok, full)
-            advantages, returns = ops.gae(rewards, old_values, full, c.algo.gamma, c.algo.lam)
-        else:
-            seq_return = scores - beta * seq_kl
-            if c.algo.name == "rloo":
-                seq_adv = ops.rloo_advantages(seq_return, k)
-            else:
-                # The baseline is used before it sees this batch; the first batch is centred on its own mean.
-                batch_mean = float(seq_return[keep].mean())
-                base = self.baseline.value
-                seq_adv = seq_return - (batch_mean if base is None else base)
-                self.baseline.update(batch_mean)
-            advantages = seq_adv[:, None].expand_as(mask).clone()
-        if c.algo.whiten_advantages:
-            advantages = ops.whiten(advantages, mask)
-        advantages = torch.where(mask > 0, advantages, 0.0)
+        advantages, returns = self._advantages(rollout, scores, keep, mask, kl_tok, seq_kl, beta, old_values)
 
         # 5. Policy (and value) update: epochs × minibatches.
         stats: dict[str, list[float]] = {}
-        epochs = c.algo.epochs if c.algo.name == "ppo" else 1
-        n = len(rollout)
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=self.generator)
-            for start in range(0, n, c.algo.minibatch_size):
-                idx = order[start:start + c.algo.minibatch_size]
-                self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
-                             None if old_values is None else old_values[idx],
-                             None if returns is None else returns[idx], stats)
+        if fused:
+            self._update(rollout, mask, advantages, old_logp, None, None, stats, out=out)
             self.method.on_epoch_end(self)
+        else:
+            for _ in range(c.algo.epochs if c.algo.name == "ppo" else 1):
+                order = torch.randperm(n, generator=self.generator)
+                for start in range(0, n, c.algo.minibatch_size):
+                    idx = order[start:start + c.algo.minibatch_size]
+                    self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
+                                 None if old_values is None else old_values[idx],
+                                 None if returns is None else returns[idx], stats)
+                self.method.on_epoch_end(self)
         times["update"] = time.perf_counter() - t
 
         # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
@@ -286,9 +281,36 @@ class RLTrainer:
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         return record
 
-    def _update(self, mb: Rollout, mask, advantages, old_logp, old_values, returns, stats) -> None:
+    def _advantages(self, rollout: Rollout, scores, keep, mask, kl_tok, seq_kl, beta: float, old_values):
+        """Advantages (and PPO's value targets) from the scores and the per-token KL penalty."""
         c = self.config.algo
-        out = self._forward(self.model, mb, hidden=self.value_head is not None, entropy_grad=bool(c.entropy_coef))
+        returns = None
+        if c.name == "ppo":
+            # Over every response (a dropped one has score 0 here); `mask` then keeps dropped ones out of the loss.
+            full = rollout.response_mask.float()
+            rewards = ops.token_rewards(scores, beta * kl_tok, full)
+            advantages, returns = ops.gae(rewards, old_values, full, c.gamma, c.lam)
+        else:
+            seq_return = scores - beta * seq_kl
+            if c.name == "rloo":
+                seq_adv = ops.rloo_advantages(seq_return, c.samples_per_prompt)
+            else:
+                # The baseline is used before it sees this batch; the first batch is centred on its own mean.
+                batch_mean = float(seq_return[keep].mean())
+                base = self.baseline.value
+                seq_adv = seq_return - (batch_mean if base is None else base)
+                self.baseline.update(batch_mean)
+            advantages = seq_adv[:, None].expand_as(mask).clone()
+        if c.whiten_advantages:
+            advantages = ops.whiten(advantages, mask)
+        return torch.where(mask > 0, advantages, 0.0), returns
+
+    def _update(self, mb: Rollout, mask, advantages, old_logp, old_values, returns, stats, out=None) -> None:
+        """One optimizer step on a minibatch (``out``: its forward, when the caller already ran it)."""
+        c = self.config.algo
+        if out is None:
+            out = self._forward(self.model, mb, hidden=self.value_head is not None,
+                                entropy_grad=bool(c.entropy_coef))
         if c.name == "ppo":
             loss, st = ops.ppo_policy_loss(out.logprobs, old_logp, advantages, mask, c.clip_range)
             vloss, vst = ops.value_loss(self.value_head(out.hidden), old_values, returns, mask, c.clip_range_value)
