@@ -564,7 +564,8 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
                      response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
                      temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
                      return_hidden: bool = False, action_mask: torch.Tensor | None = None,
-                     return_logits: bool = False, entropy_grad: bool = False) -> ResponseOutput:
+                     return_logits: bool = False, entropy_grad: bool = False,
+                     compute_entropy: bool = True) -> ResponseOutput:
     """One teacher-forced forward over prompt + response, with grad: per response token its log-prob, the entropy
     of the distribution it was drawn from, and optionally the hidden state that predicts it.
 
@@ -586,6 +587,8 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
         return_logits: also return the ``[B, Tr, V]`` fp32 logits (large).
         entropy_grad: compute the entropy with grad (for an entropy bonus); by default it is detached, which saves
             a vocabulary-sized backward.
+        compute_entropy: False skips the entropy (``entropy`` is then None): two vocabulary-sized passes saved
+            for forwards that only need log-probs (the KL reference, PPO's old log-probs).
     """
     if isinstance(rollout_or_query_ids, Rollout):
         if query_mask is not None or response_ids is not None or response_mask is not None:
@@ -636,10 +639,12 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
     token_logits = logits.gather(-1, response_ids[..., None]).squeeze(-1)
     logprobs = torch.where(valid, token_logits - lse, 0.0)
 
-    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-        log_p = torch.log_softmax(logits, dim=-1)
-        finite_log_p = log_p.clamp_min(torch.finfo(log_p.dtype).min)  # −inf · 0 would be NaN
-        entropy = torch.where(valid, -(log_p.exp() * finite_log_p).sum(-1), 0.0)
+    entropy = None
+    if compute_entropy:
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+            log_p = torch.log_softmax(logits, dim=-1)
+            finite_log_p = log_p.clamp_min(torch.finfo(log_p.dtype).min)  # −inf · 0 would be NaN
+            entropy = torch.where(valid, -(log_p.exp() * finite_log_p).sum(-1), 0.0)
 
     return ResponseOutput(logprobs=logprobs, entropy=entropy, hidden=hidden,
                           logits=logits if return_logits else None)

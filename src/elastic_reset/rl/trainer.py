@@ -170,10 +170,11 @@ class RLTrainer:
                 yield ref
 
     def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True,
-                 entropy_grad: bool = False):
+                 entropy: bool = False, entropy_grad: bool = False):
         return forward_response(
             model, rollout, temperature=self.sampling.temperature, autocast_dtype=self.autocast_dtype,
             return_hidden=hidden, action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
+            compute_entropy=entropy or entropy_grad,
         )
 
     def lm_loss(self, texts: list[str]) -> torch.Tensor:
@@ -238,7 +239,7 @@ class RLTrainer:
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
         out = None
         if fused:
-            out = self._forward(self.model, rollout, entropy_grad=bool(c.algo.entropy_coef))
+            out = self._forward(self.model, rollout, entropy=True, entropy_grad=bool(c.algo.entropy_coef))
             old_logp = out.logprobs.detach()
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
@@ -309,7 +310,7 @@ class RLTrainer:
         """One optimizer step on a minibatch (``out``: its forward, when the caller already ran it)."""
         c = self.config.algo
         if out is None:
-            out = self._forward(self.model, mb, hidden=self.value_head is not None,
+            out = self._forward(self.model, mb, hidden=self.value_head is not None, entropy=True,
                                 entropy_grad=bool(c.entropy_coef))
         if c.name == "ppo":
             loss, st = ops.ppo_policy_loss(out.logprobs, old_logp, advantages, mask, c.clip_range)
