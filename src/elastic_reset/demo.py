@@ -45,15 +45,15 @@ def _print_table(results: dict) -> None:
     print(header)
     print(f"{'':>5} " + " ".join(f"| {'reward':>8} {'ppl':>9} {'kl':>7}  " for _ in results))
     steps = sorted({r["step"] for recs in results.values() for r in recs if "eval/reward" in r})
-    for step in steps:
+    for previous, step in zip([-1] + steps, steps):
         cells = []
         for recs in results.values():
             ev = next((r for r in recs if r["step"] == step and "eval/reward" in r), None)
-            reset = any(r["step"] == step and "reset" in r for r in recs)
+            reset = any(previous < r["step"] <= step and "reset" in r for r in recs)
             cells.append(f"| {ev['eval/reward']:8.3f} {ev['eval/perplexity']:9.2f} {ev['eval/kl_init']:7.2f}"
                          f"{' R' if reset else '  '}" if ev else f"| {'':29}")
         print(f"{step:>5} " + " ".join(cells))
-    print("R: a reset happened at this step")
+    print("R: a reset happened since the previous row")
     for name, recs in results.items():
         last = [r for r in recs if "eval/sample" in r]
         if last:
