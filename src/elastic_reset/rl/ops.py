@@ -194,7 +194,20 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1
     return (torch.expm1(log_r) - log_r).clamp(min=0.0)
 
 
-class AdaptiveKLController:
+class _KLController:
+    """The checkpointable part of a KL controller: its current coefficient β (``value``). Target and horizon are
+    configuration and come from the config on resume."""
+
+    value: float
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.value = _load_coef(state)
+
+
+class AdaptiveKLController(_KLController):
     """The adaptive KL coefficient β of Ziegler et al. 2019 ("Fine-Tuning Language Models from Human
     Preferences", §2.2), as in lm-human-preferences and TRL:
 
@@ -222,18 +235,11 @@ class AdaptiveKLController:
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
         return self.value
 
-    def state_dict(self) -> dict[str, float]:
-        # Only the state: target and horizon are configuration and come from the config on resume.
-        return {"value": self.value}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.value = _load_coef(state)
-
     def __repr__(self) -> str:
         return f"AdaptiveKLController(value={self.value:g}, target={self.target:g}, horizon={self.horizon:g})"
 
 
-class FixedKLController:
+class FixedKLController(_KLController):
     """A constant KL coefficient β with :class:`AdaptiveKLController`'s interface (``update`` does nothing)."""
 
     def __init__(self, kl_coef: float) -> None:
@@ -245,12 +251,6 @@ class FixedKLController:
     def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
         """No-op (β is fixed); returns β."""
         return self.value
-
-    def state_dict(self) -> dict[str, float]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.value = _load_coef(state)
 
     def __repr__(self) -> str:
         return f"FixedKLController(value={self.value:g})"
