@@ -7,29 +7,39 @@ import math
 import torch
 
 from elastic_reset.rl.policy import autocast
+from elastic_reset.rl.rollout import position_ids_from_mask
+
+
+def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,
+              autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token NLL ``[B, T-1]`` of a decoder-only LM on ``texts`` and the mask of the scored tokens.
+
+    Each text is truncated to ``max_tokens`` and gets an EOS, so the model is also scored on ending it. A token is
+    scored when it and its predecessor are real (with left padding, the first token has no context). Keeps the
+    graph: the multitask loss trains through it; :func:`perplexity` calls it under ``no_grad``.
+    """
+    device = next(model.parameters()).device
+    enc = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True, truncation=True,
+                    max_length=max_tokens, add_special_tokens=False).to(device)
+    mask = enc.attention_mask
+    with autocast(autocast_dtype, device):
+        logits = model(input_ids=enc.input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, enc.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    scored = (mask[:, 1:] * mask[:, :-1]).float()
+    return nll * scored, scored
 
 
 @torch.no_grad()
 def perplexity(model, tokenizer, texts: list[str], *, max_tokens: int = 128, batch_size: int = 16,
                autocast_dtype: torch.dtype | None = None) -> float:
-    """exp(total NLL / total predicted tokens) of a decoder-only LM on ``texts`` (each truncated to
-    ``max_tokens``; an EOS is appended so the model is also scored on ending the text)."""
+    """exp(total NLL / total predicted tokens) of a decoder-only LM on ``texts`` (see :func:`token_nll`)."""
     if model.config.is_encoder_decoder:
         raise NotImplementedError("perplexity is defined here for decoder-only models (use BLEU for seq2seq)")
-    device = next(model.parameters()).device
     total_nll, total_tokens = 0.0, 0
     for start in range(0, len(texts), batch_size):
-        chunk = [t + tokenizer.eos_token for t in texts[start:start + batch_size]]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, truncation=True, max_length=max_tokens,
-                        add_special_tokens=False).to(device)
-        mask = enc.attention_mask
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        with autocast(autocast_dtype, device):
-            logits = model(input_ids=enc.input_ids, attention_mask=mask, position_ids=position_ids).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        target = enc.input_ids[:, 1:]
-        nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        target_mask = (mask[:, 1:] * mask[:, :-1]).float()
-        total_nll += float((nll * target_mask).sum())
-        total_tokens += int(target_mask.sum())
+        nll, scored = token_nll(model, tokenizer, texts[start:start + batch_size], max_tokens=max_tokens,
+                                autocast_dtype=autocast_dtype)
+        total_nll += float(nll.sum())
+        total_tokens += int(scored.sum())
     return math.exp(total_nll / max(total_tokens, 1))

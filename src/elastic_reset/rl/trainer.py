@@ -17,12 +17,12 @@ from typing import Any, Iterator
 import torch
 import yaml
 
-from elastic_reset.evaluation.drift import perplexity
+from elastic_reset.evaluation.drift import perplexity, token_nll
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
 from elastic_reset.rl.config import ConfigError, TrainConfig, config_to_dict
 from elastic_reset.rl.methods import build_method
-from elastic_reset.rl.policy import (Reference, ValueHead, autocast, autocast_dtype, context_length,
+from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
                                      load_model_and_tokenizer, trainable_named_parameters)
 from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, sample
 from elastic_reset.tasks import Task, get_task
@@ -178,16 +178,10 @@ class RLTrainer:
         )
 
     def lm_loss(self, texts: list[str]) -> torch.Tensor:
-        """Mean token NLL of the policy on ``texts`` (the multitask / S2P loss)."""
-        enc = self.tokenizer([t + self.tokenizer.eos_token for t in texts], return_tensors="pt", padding=True,
-                             truncation=True, max_length=self.config.eval.max_text_tokens).to(self.device)
-        labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
-        position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        with autocast(self.autocast_dtype, self.device):
-            logits = self.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
-                                position_ids=position_ids).logits
-        return torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
-                                                 ignore_index=-100)
+        """Mean token NLL of the policy on ``texts`` (the multitask / S2P loss), scored as perplexity is."""
+        nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.config.eval.max_text_tokens,
+                                autocast_dtype=self.autocast_dtype)
+        return nll.sum() / scored.sum().clamp(min=1)
 
     # ---------------------------------------------------------------------------------------- one iteration
     def train_step(self) -> dict[str, Any]:
