@@ -19,6 +19,7 @@ import yaml
 from elastic_reset.cli import main
 from elastic_reset.evaluation import report
 from elastic_reset.evaluation.report import ReportError, load_run
+from elastic_reset.rl.config import ConfigError
 from elastic_reset.rl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,8 @@ def test_compare_writes_the_runs_figures_and_summary(grid):
     summary = json.loads((grid / "summary.json").read_text())
     assert summary["command"].startswith("elastic-reset compare ") and "elastic_reset:kl.coef=0.001" in summary[
         "command"]
-    assert summary["grid"]["methods"] == ["kl", "elastic_reset"] and summary["grid"]["seeds"] == 2
+    assert summary["grid"]["methods"] == {"kl": "kl", "elastic_reset": "elastic_reset"}
+    assert summary["grid"]["seeds"] == 2
     assert [(r["method"], r["seed"], r["action"]) for r in summary["runs"]] == [(m, s, "trained") for m, s in RUNS]
     assert len(summary["dominance"]) == 1 and "text" in summary["dominance"][0]
     assert load_run(grid / "elastic_reset" / "seed0").reset_steps == [2]
@@ -246,6 +248,23 @@ def test_compare_rejects_bad_grids_before_training(tmp_path, capsys, monkeypatch
     assert "not one of --methods" in capsys.readouterr().err
     assert main([*base, "--methods", "kl", "--method-set", "kl:kl.cof=0.1"]) == 2  # every config is built first
     assert "kl.cof" in capsys.readouterr().err
+
+
+def test_compare_runs_a_named_variant_of_a_method_in_its_own_folder(tmp_path):
+    from elastic_reset.compare import parse_method_overrides, parse_methods, plan_grid
+
+    methods = parse_methods("kl, elastic_reset, er_paper=elastic_reset")
+    assert methods == {"kl": "kl", "elastic_reset": "elastic_reset", "er_paper": "elastic_reset"}
+    overrides = parse_method_overrides(["er_paper:method.ema_update=iteration"], methods)
+    cells = plan_grid(TINY, tmp_path, methods, 1, method_overrides=overrides)
+    by_label = {c.method: c for c in cells}
+    assert by_label["er_paper"].run_dir == tmp_path / "er_paper" / "seed0"
+    assert by_label["er_paper"].config.method.name == "elastic_reset"
+    assert by_label["er_paper"].config.method.ema_update == "iteration"
+    assert by_label["elastic_reset"].config.method.ema_update != "iteration"
+    for bad, needle in [("kl,kl", "listed twice"), ("a b=kl", "label"), ("x=elastc", "elastc")]:
+        with pytest.raises(ConfigError, match=needle):
+            parse_methods(bad)
 
 
 def test_compare_resumes_where_it_stopped(grid, monkeypatch):

@@ -163,6 +163,27 @@ def test_evaluation_reports_drift_and_never_changes_training(tmp_path):
     assert all("eval_ema/perplexity" in r for r in evals)
 
 
+def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp_path):
+    sets = ("eval.reference=initial_samples", "eval.num_texts=5", "eval.batch_size=2", "eval.every=3")
+    a = RLTrainer(tiny_config(*sets, "method.name=kl"), tmp_path / "a")
+    # (Same seed: the tiny model's initial weights depend on it; a pretrained model + LoRA does not.)
+    b = RLTrainer(tiny_config(*sets, "method.name=elastic_reset"), tmp_path / "b")
+    assert a.reference_texts == b.reference_texts and len(a.reference_texts) == 5
+    eval_prompts = a.task.eval_prompts
+    assert all(t.startswith(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.reference_texts))
+    assert all(len(t) > len(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.reference_texts))
+    saved = json.loads((tmp_path / "a" / "reference_texts.json").read_text())
+    assert saved == a.reference_texts
+    records = a.train()
+    evals = [r for r in records if "eval/perplexity" in r]
+    first, last = evals[0], evals[-1]
+    assert first["step"] == 0 and last["step"] == 3 and first["eval/perplexity"] != last["eval/perplexity"]
+    # A resumed run reads the saved texts back; it never resamples them from trained weights.
+    (tmp_path / "a" / "reference_texts.json").write_text(json.dumps(["x"] * 5))
+    assert RLTrainer(tiny_config(*sets, "method.name=kl", "steps=4"), tmp_path / "a",
+                     resume=True).reference_texts == ["x"] * 5
+
+
 # ----------------------------------------------------------------------------------------------- resume
 def _cli(*args, env=None):
     return [sys.executable, "-m", "elastic_reset.cli", *map(str, args)]
@@ -262,6 +283,7 @@ def test_tokenizer_without_pad_token_is_refused(tmp_path, monkeypatch):
     ("kl.reference=ema", r"kl\.reference: 'ema' needs a method"),
     ("sampling.min_new_tokens=99", r"sampling\.min_new_tokens"),
     ("steps=true", r"steps: expected an integer"),
+    ("eval.reference=human", r"eval\.reference: expected task or initial_samples"),
 ])
 def test_bad_config_is_refused_naming_the_key(override, match):
     sections = {"method": {"name": "kl"}} if override.startswith("kl.") else {}

@@ -35,7 +35,8 @@ def _compare(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     method_overrides = parse_method_overrides(args.method_set or [], methods)
     # The command as parsed, in canonical form: rerunning it continues (or reproduces) this grid.
-    command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods", ",".join(methods),
+    command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
+               ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
                "--seeds", str(args.seeds), "--drift", args.drift]
     for item in args.set or []:
         command += ["--set", item]
@@ -131,11 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", required=True, help="grid directory: <method>/seed<i>/ runs, summary.json, "
                          "pareto.png, pareto_curves.png")
     compare.add_argument("--methods", required=True, help="comma-separated drift-control methods, e.g. "
-                         "kl,elastic_reset")
+                         "kl,elastic_reset; LABEL=METHOD adds a named variant (er_paper=elastic_reset), "
+                         "configured with --method-set LABEL:KEY=VALUE")
     compare.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
     compare.add_argument("--set", action="append", metavar="KEY=VALUE",
                          help="override a config value for every run (repeatable)")
-    compare.add_argument("--method-set", action="append", metavar="METHOD:KEY=VALUE",
+    compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",
                          help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
                               "(repeatable)")
     compare.add_argument("--drift", choices=("perplexity", "kl_init"), default="perplexity",

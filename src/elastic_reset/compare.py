@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class Cell:
     """One run of the grid."""
 
     method: str
+    """The cell's label: its method's name, or the name given to a variant (``LABEL=METHOD`` in ``--methods``)."""
     seed: int
     run_dir: Path
     overrides: list[str]
@@ -52,21 +54,38 @@ class Cell:
     config: TrainConfig
 
 
-def parse_methods(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
+_LABEL = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def parse_methods(text: str) -> dict[str, str]:
+    """``--methods`` into ``{label: method}``, in order. An entry is a method (its own label) or ``LABEL=METHOD``,
+    which runs a second variant of a method under its own name, e.g. ``kl,elastic_reset,er_paper=elastic_reset``
+    with ``--method-set er_paper:method.ema_update=step``. The label names the runs' folder and the figures' legend."""
+    methods: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        label, sep, method = (part.strip() for part in entry.partition("="))
+        if not sep:
+            method = label
+        if method not in METHODS:
+            raise ConfigError(f"--methods: unknown method {method!r} in {entry!r} (known: {', '.join(METHODS)})")
+        if not _LABEL.fullmatch(label):
+            raise ConfigError(f"--methods: label {label!r} in {entry!r} must be letters, digits, '_', '.' or '-'")
+        if label in methods:
+            raise ConfigError(f"--methods: {label!r} is listed twice (name a second variant LABEL=METHOD)")
+        methods[label] = method
     if not methods:
         raise ConfigError("--methods: expected a comma-separated list, e.g. kl,elastic_reset")
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"--methods: unknown method {m!r} (known: {', '.join(METHODS)})")
-    duplicates = sorted({m for m in methods if methods.count(m) > 1})
-    if duplicates:
-        raise ConfigError(f"--methods: {duplicates[0]!r} is listed twice")
     return methods
 
 
-def parse_method_overrides(items: list[str], methods: list[str]) -> dict[str, list[str]]:
-    """``METHOD:KEY=VALUE`` items (``--method-set elastic_reset:kl.coef=0.001``) into per-method ``--set`` lists."""
+def _as_labels(methods: list[str] | dict[str, str]) -> dict[str, str]:
+    return dict(methods) if isinstance(methods, dict) else {m: m for m in methods}
+
+
+def parse_method_overrides(items: list[str], methods: list[str] | dict[str, str]) -> dict[str, list[str]]:
+    """``LABEL:KEY=VALUE`` items (``--method-set elastic_reset:kl.coef=0.001``) into per-label ``--set`` lists."""
     out: dict[str, list[str]] = {m: [] for m in methods}
     for item in items:
         method, sep, override = item.partition(":")
@@ -85,9 +104,10 @@ def _check_not_grid_keys(overrides: list[str], flag: str) -> None:
             raise ConfigError(f"{key}: set by the grid ({_GRID_KEYS[key]}); remove {flag} {item!r}")
 
 
-def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], seeds: int,
+def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
               overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None) -> list[Cell]:
-    """Every cell's config, built and validated before anything trains: a typo fails now, not hours in."""
+    """Every cell's config, built and validated before anything trains: a typo fails now, not hours in.
+    ``methods``: method names, or ``{label: method}`` (:func:`parse_methods`); a cell is named by its label."""
     if seeds < 1:
         raise ConfigError(f"--seeds: expected >= 1, got {seeds}")
     method_overrides = method_overrides or {}
@@ -96,14 +116,14 @@ def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], 
     for items in method_overrides.values():
         _check_not_grid_keys(items, "--method-set")
     cells = []
-    for method in methods:
+    for label, method in _as_labels(methods).items():
         for seed in range(seeds):
-            cell_overrides = [*overrides, *method_overrides.get(method, []), f"method.name={method}",
+            cell_overrides = [*overrides, *method_overrides.get(label, []), f"method.name={method}",
                               f"seed={seed}"]
             config = load_config(config_path, cell_overrides)
             if config.eval.every < 1:
                 raise ConfigError("eval.every: compare needs evaluation records to report on; expected >= 1")
-            cells.append(Cell(method, seed, Path(out_dir) / method / f"seed{seed}", cell_overrides, config))
+            cells.append(Cell(label, seed, Path(out_dir) / label / f"seed{seed}", cell_overrides, config))
     return cells
 
 
@@ -189,7 +209,7 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
     return summary
 
 
-def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], seeds: int,
+def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str = "perplexity", command: list[str] | None = None,
              log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -213,7 +233,7 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str], s
     extra = {
         "command": shlex.join(command) if command else None,
         "argv": list(command) if command else None,
-        "grid": {"config": str(config_path), "methods": list(methods), "seeds": seeds,
+        "grid": {"config": str(config_path), "methods": _as_labels(methods), "seeds": seeds,
                  "overrides": list(overrides), "method_overrides": method_overrides or {}},
         "runs": actions,
     }

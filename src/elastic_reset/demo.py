@@ -1,8 +1,14 @@
 """``elastic-reset demo``: PPO with a KL penalty against Elastic Reset on SmolLM2 + LoRA, on the VADER task.
 
+The reward is the VADER positivity of the continuation: easy to hack (a string of "great love wonderful" scores
+well), which is the point. Drift is measured the way issue 4 asks for a task without a dataset: perplexity of the
+policy on text sampled once from the initial policy (``eval.reference: initial_samples``), and KL to the initial
+model on fresh samples.
+
 Both runs start from the same model and seed; Elastic Reset uses a 10x smaller KL coefficient (as the paper does,
-§6) and resets twice. The table shows validation reward (VADER positivity) and drift (perplexity on held-out
-human sentences, KL to the initial model) over training, with the resets marked.
+§6) and resets twice. The demo is a one-seed :func:`~elastic_reset.compare.run_grid`, so it is resumable (run it
+again to continue after an interruption) and writes the same report as ``elastic-reset compare``: the Pareto
+figure, the reward and drift curves with the resets marked, and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -10,37 +16,37 @@ from __future__ import annotations
 from pathlib import Path
 
 from elastic_reset.rl.checkpoint import read_metrics
-from elastic_reset.rl.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
-RUNS = {"kl": ["method.name=kl"], "elastic_reset": ["method.name=elastic_reset", "kl.coef=0.005"]}
+METHODS = {"kl": "kl", "elastic_reset": "elastic_reset"}
+METHOD_OVERRIDES = {"kl": [], "elastic_reset": ["kl.coef=0.005"]}
 
 
 def run_demo(out: str | Path = "demo_out", steps: int | None = None, model: str = "smollm2") -> dict:
-    from elastic_reset.rl.trainer import RLTrainer
+    from elastic_reset.compare import run_grid
+    from elastic_reset.evaluation.report import format_dominance
 
     out = Path(out)
-    results = {}
-    for name, overrides in RUNS.items():
-        extra = [f"model.name={model}"] + ([f"steps={steps}"] if steps else [])
-        if model.startswith("tiny"):
-            extra += ["model.lora=null", "algo.lr=3e-4"]
-        config = load_config(CONFIG, overrides + extra)
-        if steps:
-            config.method.reset_every = max(1, steps // 3)
-            config.eval.every = max(1, steps // 6)
-        run_dir = out / name
-        print(f"\n== {name}: {run_dir}")
-        RLTrainer(config, run_dir, resume=run_dir.exists()).train()
-        results[name] = read_metrics(run_dir / "metrics.jsonl")
+    overrides = [f"model.name={model}"]
+    if steps:
+        overrides += [f"steps={steps}", f"method.reset_every={max(1, steps // 3)}", f"eval.every={max(1, steps // 6)}"]
+    if model.startswith("tiny"):
+        overrides += ["model.lora=null", "algo.lr=3e-4"]
+    command = ["elastic-reset", "demo", "--out", str(out), "--model", model] + (["--steps", str(steps)] if steps else [])
+    summary = run_grid(CONFIG, out, METHODS, 1, overrides, METHOD_OVERRIDES, command=command)
+    results = {name: read_metrics(out / name / "seed0" / "metrics.jsonl") for name in METHODS}
     _print_table(results)
-    print(f"\nRuns (config.yaml, metrics.jsonl, checkpoints) are in {out.resolve()}")
+    print()
+    print(format_dominance(summary["dominance"]))
+    print(f"\nPareto frontier (reward vs perplexity): {(out / 'pareto.png').resolve()}")
+    print(f"Reward and drift over training, resets marked: {(out / 'pareto_curves.png').resolve()}")
+    print(f"Runs (config.yaml, metrics.jsonl, checkpoints) and summary.json are in {out.resolve()}")
     return results
 
 
 def _print_table(results: dict) -> None:
-    print("\nvalidation: reward = VADER positivity (higher is better); ppl = perplexity on held-out sentences and "
-          "kl = KL to the initial model (lower is less drift)")
+    print("\nvalidation: reward = VADER positivity (higher is better); ppl = perplexity on text the initial policy "
+          "wrote and kl = KL to the initial model (lower is less drift)")
     header = f"{'step':>5} " + " ".join(f"| {name:^29}" for name in results)
     print(header)
     print(f"{'':>5} " + " ".join(f"| {'reward':>8} {'ppl':>9} {'kl':>7}  " for _ in results))

@@ -161,7 +161,13 @@ class EvalConfig:
     num_prompts: int = 16
     """Validation prompts per evaluation."""
     num_texts: int = 16
-    """Held-out reference texts for perplexity."""
+    """Reference texts for perplexity."""
+    reference: str = "task"
+    """What the perplexity drift is measured on. ``task``: the task's held-out human-written texts (IMDB: test
+    reviews). ``initial_samples``: ``num_texts`` continuations of the validation prompts sampled once from the
+    initial policy (prompt + completion, a fixed seed, so every method and seed of a comparison scores the same
+    texts; saved as ``reference_texts.json`` in the run directory). Their perplexity measures how far the policy
+    has moved away from what it used to write: a sample estimate of cross-entropy(π0, π) = H(π0) + KL(π0 ‖ π)."""
     max_text_tokens: int = 128
     """Reference texts are truncated to this many tokens for perplexity."""
     batch_size: int = 16
@@ -261,6 +267,8 @@ class TrainConfig:
              f"'ema' needs a method that keeps an EMA (elastic_reset, reset_to_*, ema_only), not {m.name!r}")
         e = self.eval
         need(e.every >= 0, "eval.every", "expected >= 0")
+        need(e.reference in ("task", "initial_samples"), "eval.reference",
+             f"expected task or initial_samples, got {e.reference!r}")
         need(e.num_prompts >= 1 and e.num_texts >= 1 and e.batch_size >= 1, "eval",
              "num_prompts, num_texts and batch_size must be >= 1")
         need(self.checkpoint_every >= 0, "checkpoint_every", "expected >= 0")

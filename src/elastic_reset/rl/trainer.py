@@ -7,6 +7,7 @@ make one on-policy pass). Read :meth:`RLTrainer.train_step` top to bottom for th
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -19,7 +20,8 @@ import yaml
 
 from elastic_reset.evaluation.drift import perplexity, token_nll
 from elastic_reset.rl import ops
-from elastic_reset.rl.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
+from elastic_reset.rl.checkpoint import (MetricsLog, atomic_write_bytes, latest_checkpoint, load_checkpoint,
+                                         save_checkpoint)
 from elastic_reset.rl.config import ConfigError, TrainConfig, config_to_dict
 from elastic_reset.rl.methods import build_method
 from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
@@ -73,6 +75,8 @@ class RLTrainer:
         self.baseline = ops.MovingAverageBaseline(config.algo.baseline_decay)
         self.method = build_method(config.method)
         self.method.setup(self)
+        # Before any resume: the model still holds the initial weights here.
+        self.reference_texts = self._reference_texts()
 
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step = 0
@@ -157,6 +161,35 @@ class RLTrainer:
                                   "drop such samples instead")
             scores = torch.where(keep, scores, torch.zeros_like(scores))
         return scores, keep
+
+    def _reference_texts(self) -> list[str]:
+        """The texts perplexity is measured on (``eval.reference``). Initial-policy samples are drawn once, with
+        a fixed seed (not the run's: every run of a comparison scores the same texts), and kept in the run
+        directory, so a resumed run reads them back instead of drawing them from trained weights."""
+        e = self.config.eval
+        if e.reference == "task":
+            return list(self.task.reference_texts[:e.num_texts])
+        path = self.out_dir / "reference_texts.json"
+        if path.is_file():
+            texts = json.loads(path.read_text())
+            if not (isinstance(texts, list) and len(texts) == e.num_texts and all(isinstance(t, str) for t in texts)):
+                raise ValueError(f"{path}: expected a JSON list of {e.num_texts} strings (eval.num_texts); delete "
+                                 "it only if the run restarts from scratch")
+            return texts
+        prompts = list(self.task.eval_prompts)
+        prompts = [prompts[i % len(prompts)] for i in range(e.num_texts)]
+        generator = torch.Generator().manual_seed(20_231_210)
+        texts = []
+        with torch.no_grad():
+            for start in range(0, len(prompts), e.batch_size):
+                chunk = prompts[start:start + e.batch_size]
+                rollout = sample(self.model, *self._encode(chunk), self.sampling,
+                                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                                 generator=generator, autocast_dtype=self.autocast_dtype)
+                texts.extend(p + c for p, c in zip(chunk, self._decode(rollout)))
+        payload = json.dumps(texts, indent=1, ensure_ascii=False) + "\n"
+        atomic_write_bytes(path, lambda f: f.write(payload.encode()))
+        return texts
 
     # -------------------------------------------------------------------------------------------- the model
     @contextmanager
@@ -368,7 +401,7 @@ class RLTrainer:
         record = {
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
-            f"{prefix}/perplexity": perplexity(self.model, self.tokenizer, self.task.reference_texts[:e.num_texts],
+            f"{prefix}/perplexity": perplexity(self.model, self.tokenizer, self.reference_texts,
                                                max_tokens=e.max_text_tokens, batch_size=e.batch_size,
                                                autocast_dtype=self.autocast_dtype),
         }
