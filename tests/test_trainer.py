@@ -150,6 +150,24 @@ def test_lora_policy_trains_only_adapters(tmp_path):
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
 
 
+@pytest.mark.parametrize("lora", [True, False])
+def test_frozen_weights_cast_once_for_the_run_change_no_number(tmp_path, monkeypatch, lora):
+    sections = dict(model={"autocast": "bf16", **({"lora": {"r": 4, "alpha": 8}} if lora else {})},
+                    method={"name": "kl"}, eval={"every": 3})
+    fast = RLTrainer(tiny_config(**sections), tmp_path / "fast")
+    frozen = [m.weight for m in fast.model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad]
+    ref_weights = [] if lora else [m.weight for m in fast.reference._copy.modules() if isinstance(m, torch.nn.Linear)]
+    assert frozen if lora else ref_weights and not frozen  # LoRA: the frozen base; full fine-tuning: the reference
+    assert all(w.dtype == torch.bfloat16 for w in frozen + ref_weights)  # cast while the trainer is open
+    fast_records = fast.train()
+    frozen_after = [m.weight for m in fast.model.modules() if isinstance(m, torch.nn.Linear)
+                    and not m.weight.requires_grad]
+    assert all(w.dtype == torch.float32 for w in frozen_after)  # train() hands the fp32 weights back
+    monkeypatch.setattr(RLTrainer, "_cast_frozen_weights", lambda self: None)
+    slow_records = RLTrainer(tiny_config(**sections), tmp_path / "slow").train()
+    assert without_times(fast_records) == without_times(slow_records)
+
+
 # ----------------------------------------------------------------------------------------------- evaluation
 def test_evaluation_reports_drift_and_never_changes_training(tmp_path):
     quiet = RLTrainer(tiny_config(), tmp_path / "a").train()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from elastic_reset.rl.checkpoint import read_metrics
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
 METHODS = {"kl": "kl", "elastic_reset": "elastic_reset"}
 METHOD_OVERRIDES = {"kl": [], "elastic_reset": ["kl.coef=0.005"]}
 

@@ -11,7 +11,7 @@ import json
 import math
 import random
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +26,7 @@ from elastic_reset.rl.config import ConfigError, TrainConfig, config_to_dict
 from elastic_reset.rl.methods import build_method
 from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
                                      load_model_and_tokenizer, trainable_named_parameters)
-from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, sample
+from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, precast_weights, sample
 from elastic_reset.tasks import Task, get_task
 
 
@@ -65,6 +65,8 @@ class RLTrainer:
         self._check_task_inputs()
 
         self.reference = Reference(self.model, self.is_lora)
+        self._frozen_casts: ExitStack | None = None
+        self._cast_frozen_weights()
         self.trainable_params = [p for _, p in trainable_named_parameters(self.model)]
         self.value_head = ValueHead(self.model.config.hidden_size) if config.algo.name == "ppo" else None
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
@@ -85,6 +87,26 @@ class RLTrainer:
         self._tb = None
         if resume:
             self._resume()
+
+    def _cast_frozen_weights(self) -> None:
+        """Under bf16 autocast, cast the weights that never change (a LoRA base, the reference copy) to bf16 once,
+        instead of at every forward: autocast caches its casts only for weights that require grad. Same numbers
+        (autocast computes with the same bf16 values); measured 2.22 -> 1.88 s for a SmolLM2 + LoRA forward +
+        backward on 16 x 52 tokens. The sampler casts the trainable weights itself, once per rollout. Undone by
+        :meth:`close` (``train()`` calls it at the end), which puts the fp32 weights back."""
+        if self._frozen_casts is not None or self.autocast_dtype is None:
+            return
+        self._frozen_casts = ExitStack()
+        self._frozen_casts.enter_context(precast_weights(self.model, self.autocast_dtype, trainable=False))
+        if not self.is_lora:
+            with self.reference.model() as ref:
+                self._frozen_casts.enter_context(precast_weights(ref, self.autocast_dtype, trainable=False))
+
+    def close(self) -> None:
+        """Give the model its fp32 frozen weights back (see :meth:`_cast_frozen_weights`). Idempotent."""
+        if self._frozen_casts is not None:
+            self._frozen_casts.close()
+            self._frozen_casts = None
 
     # ------------------------------------------------------------------------------------------ set-up checks
     def _prepare_run_dir(self, resume: bool) -> None:
@@ -478,6 +500,7 @@ class RLTrainer:
         from tqdm.auto import tqdm
 
         written = []
+        self._cast_frozen_weights()
         if self.step == 0 and self._eval_due(0):
             record = {"step": 0, **self.evaluate()}
             self._log(record)
@@ -500,6 +523,7 @@ class RLTrainer:
                     self.save()
         finally:
             bar.close()
+            self.close()
             self.metrics.close()
             if self._tb is not None:
                 self._tb.close()

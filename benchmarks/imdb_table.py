@@ -1,0 +1,45 @@
+"""The IMDB table of BENCHMARKS.md, from the runs and report that ``benchmarks/imdb_grid.sh`` copies to results/imdb.
+
+    .venv/bin/python benchmarks/imdb_table.py [results/imdb]
+
+Per method: the final evaluation (reward, perplexity on held-out human reviews, KL to the initial model) as mean ±
+standard error over seeds, and the best reward reached; then every pair's frontier comparison from summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from elastic_reset.evaluation.pareto import mean_and_se
+from elastic_reset.rl.checkpoint import read_metrics
+
+
+def pm(values: list[float], digits: int) -> str:
+    mean, se = mean_and_se(np.asarray(values, dtype=float))
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def main(results: Path) -> None:
+    summary = json.loads((results / "summary.json").read_text())
+    print("| method | seeds | final reward | final perplexity | final KL to init | best eval reward |")
+    print("|---|---|---|---|---|---|")
+    for name, entry in summary["methods"].items():
+        finals, best = [], []
+        for run in entry["runs"]:
+            evals = [r for r in read_metrics(results / "runs" / run / "metrics.jsonl") if "eval/reward" in r]
+            finals.append(evals[-1])
+            best.append(max(r["eval/reward"] for r in evals))
+        print(f"| {name} | {len(finals)} | {pm([r['eval/reward'] for r in finals], 3)} | "
+              f"{pm([r['eval/perplexity'] for r in finals], 2)} | {pm([r['eval/kl_init'] for r in finals], 2)} | "
+              f"{pm(best, 3)} |")
+    print()
+    for row in summary["dominance"]:
+        print(f"- {row['text']}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "results" / "imdb"))
