@@ -165,7 +165,7 @@ class EvalConfig:
     reference: str = "task"
     """What the perplexity drift is measured on. ``task``: the task's held-out human-written texts (IMDB: test
     reviews). ``initial_samples``: ``num_texts`` continuations of the validation prompts sampled once from the
-    initial policy (prompt + completion, a fixed seed, so every method and seed of a comparison scores the same
+    initial policy (the prompt as the model saw it + the completion; a fixed seed, so every method and seed of a comparison scores the same
     texts; saved as ``reference_texts.json`` in the run directory). Their perplexity measures how far the policy
     has moved away from what it used to write: a sample estimate of cross-entropy(π0, π) = H(π0) + KL(π0 ‖ π)."""
     max_text_tokens: int = 128

@@ -204,11 +204,14 @@ class RLTrainer:
         texts = []
         with torch.no_grad():
             for start in range(0, len(prompts), e.batch_size):
-                chunk = prompts[start:start + e.batch_size]
-                rollout = sample(self.model, *self._encode(chunk), self.sampling,
+                query_ids, query_mask = self._encode(prompts[start:start + e.batch_size])
+                rollout = sample(self.model, query_ids, query_mask, self.sampling,
                                  pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                                  generator=generator, autocast_dtype=self.autocast_dtype)
-                texts.extend(p + c for p, c in zip(chunk, self._decode(rollout)))
+                # The prompt as the model saw it (truncated to max_prompt_tokens), then what it wrote.
+                seen = self.tokenizer.batch_decode(query_ids.masked_fill(query_mask == 0, self.tokenizer.pad_token_id),
+                                                   skip_special_tokens=True)
+                texts.extend(p + c for p, c in zip(seen, self._decode(rollout)))
         payload = json.dumps(texts, indent=1, ensure_ascii=False) + "\n"
         atomic_write_bytes(path, lambda f: f.write(payload.encode()))
         return texts
