@@ -262,9 +262,39 @@ def test_compare_runs_a_named_variant_of_a_method_in_its_own_folder(tmp_path):
     assert by_label["er_paper"].config.method.name == "elastic_reset"
     assert by_label["er_paper"].config.method.ema_update == "iteration"
     assert by_label["elastic_reset"].config.method.ema_update != "iteration"
-    for bad, needle in [("kl,kl", "listed twice"), ("a b=kl", "label"), ("x=elastc", "elastc")]:
+    for bad, needle in [("kl,kl", "listed twice"), ("kl,KL=kl", "listed twice"), ("a b=kl", "label"),
+                        ("..=kl", "label"), ("summary.json=kl", "report"), ("x=elastc", "elastc")]:
         with pytest.raises(ConfigError, match=needle):
             parse_methods(bad)
+
+
+def test_pareto_groups_a_grid_by_its_labels_and_refuses_pooled_seeds(grid, tmp_path):
+    from elastic_reset.compare import write_label
+
+    assert (grid / "kl" / "seed0" / "label").read_text().strip() == "kl"
+    runs = [load_run(grid / m / f"seed{s}") for m, s in RUNS]
+    assert [r.method for r in runs] == [m for m, _ in RUNS]
+    # A label file renames the group; two runs of one seed in one group (variants pooled) are refused.
+    copy = tmp_path / "variant"
+    copy.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        (copy / name).write_bytes((grid / "kl" / "seed0" / name).read_bytes())
+    assert load_run(copy).method == "kl"
+    with pytest.raises(ReportError, match="both seed 0"):
+        report.group_runs([runs[0], load_run(copy)])
+    write_label(type("Cell", (), {"run_dir": copy, "method": "kl_variant"})())
+    assert set(report.group_runs([runs[0], load_run(copy)])) == {"kl", "kl_variant"}
+
+
+def test_compare_refuses_a_finished_cell_trained_from_another_config(grid, capsys, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("nothing may train")
+
+    monkeypatch.setattr(RLTrainer, "__init__", no_training)
+    argv = compare_argv(grid)
+    argv[argv.index("elastic_reset:kl.coef=0.001")] = "elastic_reset:kl.coef=0.002"
+    assert main(argv) == 2
+    assert "kl: differs from the run in" in capsys.readouterr().err
 
 
 def test_compare_resumes_where_it_stopped(grid, monkeypatch):

@@ -2,7 +2,7 @@
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
-                  [--set key=value ...] [--method-set METHOD:key=value ...] [--drift perplexity|kl_init]
+                  [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init]
     elastic-reset demo [--out DIR] [--steps N]
     elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
@@ -114,6 +114,13 @@ def _build_reward_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-reset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="PPO+KL vs Elastic Reset on SmolLM2 (LoRA), a few minutes on a CPU")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")
-    demo.add_argument("--steps", type=int, default=None, help="training iterations per run")
+    demo.add_argument("--steps", type=_positive_int, default=None, help="training iterations per run (also scales "
+                      "the reset period and the evaluation interval; default: configs/demo.yaml's 20)")
     demo.add_argument("--model", default="smollm2", help="smollm2, or tiny-llama for a seconds-long smoke run")
     demo.set_defaults(func=_demo)
 

@@ -1,7 +1,8 @@
 """``elastic-reset compare``: train a grid of methods × seeds from one config, then report on it.
 
-Each cell is an ordinary run directory, ``GRID_DIR/<method>/seed<i>/``, trained with ``--set method.name=<method>
---set seed=<i>`` on top of the user's overrides. The grid is *resumable*: it can be killed at any moment and
+Each cell is an ordinary run directory, ``GRID_DIR/<label>/seed<i>/``, trained with ``--set method.name=<method>
+--set seed=<i>`` on top of the user's overrides; the label is the method's name, or the name given to a variant
+(``--methods er_paper=elastic_reset``), and is also written to the cell's ``label`` file. The grid is *resumable*: it can be killed at any moment and
 started again with the same command (in another session, days later), and it continues where it stopped:
 
 - a cell with a ``done`` marker (written atomically after ``train()`` returns) is skipped, and so is a cell whose
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from elastic_reset.evaluation import report
 from elastic_reset.rl.checkpoint import atomic_write_bytes
-from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, load_config
+from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
 
 DONE = "done"
 """Name of the marker file of a finished cell (JSON: the steps it finished at, and when)."""
@@ -55,6 +56,7 @@ class Cell:
 
 
 _LABEL = re.compile(r"[A-Za-z0-9_.-]+")
+_REPORT_FILES = ("summary.json", "pareto.png", "pareto_curves.png")
 
 
 def parse_methods(text: str) -> dict[str, str]:
@@ -70,10 +72,12 @@ def parse_methods(text: str) -> dict[str, str]:
             method = label
         if method not in METHODS:
             raise ConfigError(f"--methods: unknown method {method!r} in {entry!r} (known: {', '.join(METHODS)})")
-        if not _LABEL.fullmatch(label):
-            raise ConfigError(f"--methods: label {label!r} in {entry!r} must be letters, digits, '_', '.' or '-'")
-        if label in methods:
-            raise ConfigError(f"--methods: {label!r} is listed twice (name a second variant LABEL=METHOD)")
+        if not _LABEL.fullmatch(label) or label.startswith(".") or label in _REPORT_FILES:
+            raise ConfigError(f"--methods: label {label!r} in {entry!r} must be letters, digits, '_', '.' or '-', "
+                              f"not start with '.', and not be one of the report's files ({', '.join(_REPORT_FILES)})")
+        if label.lower() in {m.lower() for m in methods}:
+            raise ConfigError(f"--methods: {label!r} is listed twice, perhaps in another case (name a second "
+                              "variant LABEL=METHOD)")
         methods[label] = method
     if not methods:
         raise ConfigError("--methods: expected a comma-separated list, e.g. kl,elastic_reset")
@@ -90,7 +94,7 @@ def parse_method_overrides(items: list[str], methods: list[str] | dict[str, str]
     for item in items:
         method, sep, override = item.partition(":")
         if not sep or "=" not in override:
-            raise ConfigError(f"--method-set {item!r}: expected METHOD:KEY=VALUE, e.g. elastic_reset:kl.coef=0.001")
+            raise ConfigError(f"--method-set {item!r}: expected LABEL:KEY=VALUE, e.g. elastic_reset:kl.coef=0.001")
         if method not in out:
             raise ConfigError(f"--method-set {item!r}: {method!r} is not one of --methods ({', '.join(methods)})")
         out[method].append(override)
@@ -143,7 +147,11 @@ def _checkpoint_step(run_dir: Path) -> int | None:
 
 
 def cell_status(cell: Cell) -> str:
-    """``done`` (nothing to train), ``partial`` (continue with resume=True) or ``new``."""
+    """``done`` (nothing to train), ``partial`` (continue with resume=True) or ``new``. A cell trained from another
+    config (a changed ``--method-set``, a label given to another method) is refused, naming the key: its results
+    would otherwise be reported under the new command."""
+    if (cell.run_dir / "config.yaml").is_file():
+        check_same_run(cell.run_dir / "config.yaml", cell.config)
     marker = cell.run_dir / DONE
     if marker.is_file():
         try:
@@ -158,6 +166,13 @@ def cell_status(cell: Cell) -> str:
     if step is not None and step >= cell.config.steps:
         return "done"
     return "partial"
+
+
+def write_label(cell: Cell) -> None:
+    """``<run>/label``: the cell's label, so that ``elastic-reset pareto GRID`` groups a named variant under its
+    own name rather than its method's (:func:`elastic_reset.evaluation.report.load_run` reads it)."""
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(cell.run_dir / report.LABEL_FILE, lambda f: f.write(cell.method.encode() + b"\n"))
 
 
 def _write_done(cell: Cell) -> None:
@@ -176,6 +191,7 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
         return "skipped"
     resume = status == "partial"
     step = _checkpoint_step(cell.run_dir) if resume else None
+    write_label(cell)
     log(f"compare: {cell.method} seed {cell.seed}: "
         + (f"resuming from step {step or 0}" if resume else "training") + f" to step {cell.config.steps} "
         f"({cell.run_dir})")
@@ -197,6 +213,9 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
     out_dir = Path(out_dir)
+    for cell in cells:  # (cells of grids from before label files existed get theirs here)
+        if (cell.run_dir / "metrics.jsonl").is_file():
+            write_label(cell)
     runs = [report.load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
     groups = report.group_runs(runs)
     summary, rows = report.report(groups, out_dir / "pareto.png")

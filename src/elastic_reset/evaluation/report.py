@@ -49,6 +49,8 @@ DRIFTS: dict[str, DriftMetric] = {
 
 # Which weights a run's evaluation describes: the policy (``eval/*``) or its EMA (``eval_ema/*``).
 WEIGHTS = ("auto", "policy", "ema")
+LABEL_FILE = "label"
+"""A run directory's optional group name (``compare`` writes its cell label there); default: ``method.name``."""
 
 # Enough levels that the step-shaped frontier reads as one; fine for any number of evaluations.
 N_LEVELS = 100
@@ -104,7 +106,8 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
     """Read one run directory.
 
     Args:
-        method: the group name; default ``method.name`` from the run's ``config.yaml``.
+        method: the group name; default: the run's ``label`` file (written by ``compare``), else ``method.name``
+            from its ``config.yaml``.
         drift: ``perplexity`` (``eval/perplexity``) or ``kl_init`` (``eval/kl_init``).
         weights: ``policy`` reads ``eval/*``, ``ema`` reads ``eval_ema/*``; ``auto`` reads the EMA's evaluation
             for method ``ema_only`` (that ablation's point is the EMA; its policy is plain KL-penalised RL) and
@@ -123,6 +126,8 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
         config = yaml.safe_load(config_path.read_text()) or {}
     elif method is None:
         raise ReportError(f"{config_path}: not found, so the run's method is unknown (name it explicitly)")
+    if method is None and (run_dir / LABEL_FILE).is_file():
+        method = (run_dir / LABEL_FILE).read_text().strip() or None
     if method is None:
         method = (config.get("method") or {}).get("name")
         if not method:
@@ -177,9 +182,14 @@ def find_run_dirs(path: str | Path) -> list[Path]:
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs by method, methods in order of first appearance, seeds sorted."""
+    """Runs by method, methods in order of first appearance, seeds sorted. Two runs of one seed in a group are
+    refused: they are two variants (pooling them would understate the standard error), to be named apart."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
+        twin = next((r for r in groups.get(run.method, []) if r.seed is not None and r.seed == run.seed), None)
+        if twin is not None:
+            raise ReportError(f"{twin.path} and {run.path} are both seed {run.seed} of {run.method!r}: name the "
+                              "variants apart (pareto LABEL=RUN_DIR ...)")
         groups.setdefault(run.method, []).append(run)
     for name, members in groups.items():
         members.sort(key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, str(r.path)))

@@ -167,7 +167,8 @@ class EvalConfig:
     reviews). ``initial_samples``: ``num_texts`` continuations of the validation prompts sampled once from the
     initial policy (the prompt as the model saw it + the completion; a fixed seed, so every method and seed of a comparison scores the same
     texts; saved as ``reference_texts.json`` in the run directory). Their perplexity measures how far the policy
-    has moved away from what it used to write: a sample estimate of cross-entropy(π0, π) = H(π0) + KL(π0 ‖ π)."""
+    has moved away from what it used to write: on the completions, a sample estimate of cross-entropy(π0, π) =
+    H(π0) + KL(π0 ‖ π) (the prompt tokens are scored too, as with any reference text)."""
     max_text_tokens: int = 128
     """Reference texts are truncated to this many tokens for perplexity."""
     batch_size: int = 16
@@ -384,6 +385,22 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
+
+
+def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
+    """Refuse to continue the run whose ``config.yaml`` is ``saved_path`` with a different ``config``: only
+    ``steps`` may change. The saved file is read through today's defaults first, so a run written before a field
+    existed compares equal when the field is at its default."""
+    saved_path = Path(saved_path)
+    try:
+        saved = config_to_dict(config_from_dict(yaml.safe_load(saved_path.read_text()) or {}))
+    except ConfigError as err:
+        raise ConfigError(f"{saved_path}: the saved config no longer loads ({err})") from None
+    resolved = config_to_dict(config)
+    for key in sorted(set(saved) | set(resolved)):
+        if key != "steps" and saved.get(key) != resolved.get(key):
+            raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only `steps` "
+                              "may change when a run is continued")
 
 
 def _deep_copy(data: Any) -> Any:
