@@ -517,3 +517,32 @@ def test_bad_config_raises_naming_the_field(field, value):
 def test_min_above_max_raises():
     with pytest.raises(ValueError, match="min_new_tokens"):
         SamplingConfig(max_new_tokens=4, min_new_tokens=5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_forward_response_entropy_is_the_categorical_entropy_and_its_gradient(masked):
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 11, requires_grad=True)
+    allowed = torch.rand(2, 3, 11) > 0.4 if masked else None
+    if masked:
+        allowed[..., 0] = True
+
+    class Fixed(torch.nn.Module):  # a "model" whose logits are the leaf above, whatever the input
+        config = type("C", (), {"is_encoder_decoder": False})()
+
+        def forward(self, input_ids, **kwargs):
+            pad = torch.zeros(input_ids.shape[0], input_ids.shape[1] - logits.shape[1], logits.shape[2])
+            return type("O", (), {"logits": torch.cat([pad, logits], dim=1), "hidden_states": None})()
+
+    query = torch.ones(2, 2, dtype=torch.long)
+    response = torch.randint(0, 11, (2, 3))
+    if masked:
+        response = torch.where(allowed.gather(-1, response[..., None]).squeeze(-1), response, 0)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    out = forward_response(Fixed(), query, query, response, mask, action_mask=allowed, entropy_grad=True)
+    ref_logits = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    expected = torch.distributions.Categorical(logits=ref_logits).entropy() * mask
+    assert torch.allclose(out.entropy, expected, atol=1e-6)
+    grad, = torch.autograd.grad(out.entropy.sum(), logits, retain_graph=True)
+    expected_grad, = torch.autograd.grad(expected.sum(), logits)
+    assert torch.allclose(grad, expected_grad, atol=1e-6)

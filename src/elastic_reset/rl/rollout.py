@@ -642,9 +642,12 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
     entropy = None
     if compute_entropy:
         with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            log_p = torch.log_softmax(logits, dim=-1)
-            finite_log_p = log_p.clamp_min(torch.finfo(log_p.dtype).min)  # −inf · 0 would be NaN
-            entropy = torch.where(valid, -(log_p.exp() * finite_log_p).sum(-1), 0.0)
+            # H = lse − Σ p·z with p = exp(z − lse): reuses the normaliser, and the dot product runs as a batched
+            # matmul, with no vocabulary-sized temporary beyond p (two passes instead of log_softmax's four).
+            probs = torch.exp(logits - lse[..., None])
+            finite = logits if action_mask is None else logits.masked_fill(probs == 0, 0.0)  # −inf · 0 would be NaN
+            expected = (probs.unsqueeze(-2) @ finite.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+            entropy = torch.where(valid, lse - expected, 0.0)
 
     return ResponseOutput(logprobs=logprobs, entropy=entropy, hidden=hidden,
                           logits=logits if return_logits else None)
