@@ -4,7 +4,8 @@
 # Resumable: run it again after an interruption. Needs the reward model
 # (elastic-reset build-reward-model imdb --data-dir ../shared/data). About an hour on 2 CPU cores.
 #
-# Per-method settings (SYSTEM.md, "Faithfulness notes"; paper §6 and Appendix B):
+# Per-method settings (the paper's §6 and Appendix B, and what the authors' released RL4LMs fork ran; see
+# BENCHMARKS.md, "IMDB: reward vs drift"):
 #  kl            PPO + KL, beta 0.1, adaptive (target 0.5)
 #  elastic_reset authors' code: beta 0.001 (target 1.0), decay 0.995, EMA updated once per iteration,
 #                KL reference = the EMA
@@ -30,9 +31,9 @@ done
   --method-set reset_to_ema:method.ema_update=iteration --method-set reset_to_ema:kl.reference=ema \
   --set progress=false
 # What BENCHMARKS.md cites: the report, the figures, and each run's config and metrics (not the checkpoints).
-mkdir -p results/imdb
+rm -rf results/imdb/runs && mkdir -p results/imdb
 cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png results/imdb/
 for run in "$GRID"/*/seed*/; do
   dest=results/imdb/runs/${run#"$GRID"/}
-  mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$dest"
+  mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$dest"
 done
