@@ -156,9 +156,17 @@ class RLTrainer:
         self.tokenizer.truncation_side = side
         return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
 
-    def _decode(self, rollout: Rollout) -> list[str]:
-        ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, self.tokenizer.pad_token_id)
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """The texts of ``ids`` where ``mask`` is set (a rollout's responses, or its prompts as the model saw them)."""
+        return self.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.tokenizer.pad_token_id),
+                                           skip_special_tokens=True)
+
+    def _sample_eval(self, prompts: list[str], generator: torch.Generator) -> Rollout:
+        """One response per prompt with the training sampling settings, from ``generator`` (evaluation's draws)."""
+        query_ids, query_mask = self._encode(prompts)
+        return sample(self.model, query_ids, query_mask, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
+                      eos_token_id=self.tokenizer.eos_token_id, generator=generator,
+                      autocast_dtype=self.autocast_dtype)
 
     def _score(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores as a float tensor, and which samples are kept. Bad rewards stop the run (or are dropped)."""
@@ -203,14 +211,10 @@ class RLTrainer:
         texts = []
         with torch.no_grad():
             for start in range(0, len(prompts), e.batch_size):
-                query_ids, query_mask = self._encode(prompts[start:start + e.batch_size])
-                rollout = sample(self.model, query_ids, query_mask, self.sampling,
-                                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                                 generator=generator, autocast_dtype=self.autocast_dtype)
+                r = self._sample_eval(prompts[start:start + e.batch_size], generator)
                 # The prompt as the model saw it (truncated to max_prompt_tokens), then what it wrote.
-                seen = self.tokenizer.batch_decode(query_ids.masked_fill(query_mask == 0, self.tokenizer.pad_token_id),
-                                                   skip_special_tokens=True)
-                texts.extend(p + c for p, c in zip(seen, self._decode(rollout)))
+                texts.extend(p + c for p, c in zip(self._decode(r.query_ids, r.query_mask),
+                                                   self._decode(r.response_ids, r.response_mask)))
         payload = json.dumps(texts, indent=1, ensure_ascii=False) + "\n"
         atomic_write_bytes(path, lambda f: f.write(payload.encode()))
         return texts
@@ -258,7 +262,7 @@ class RLTrainer:
         times["sample"], t = time.perf_counter() - t, time.perf_counter()
 
         # 2. Reward.
-        completions = self._decode(rollout)
+        completions = self._decode(rollout.response_ids, rollout.response_mask)
         scores, keep = self._score(prompts, completions)
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
@@ -409,11 +413,8 @@ class RLTrainer:
         scores, completions, kls = [], [], []
         for start in range(0, len(prompts), e.batch_size):
             chunk = prompts[start:start + e.batch_size]
-            query_ids, query_mask = self._encode(chunk)
-            rollout = sample(self.model, query_ids, query_mask, self.sampling,
-                             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                             generator=generator, autocast_dtype=self.autocast_dtype)
-            texts = self._decode(rollout)
+            rollout = self._sample_eval(chunk, generator)
+            texts = self._decode(rollout.response_ids, rollout.response_mask)
             chunk_scores, keep = self._score(chunk, texts)
             logp = self._forward(self.model, rollout).logprobs
             with self.reference.model() as ref:
