@@ -185,13 +185,13 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     from elastic_reset.rl.trainer import RLTrainer
 
     status = cell_status(cell)
+    write_label(cell)  # every cell, finished ones too (grids from before label files get theirs here)
     if status == "done":
         if not (cell.run_dir / DONE).is_file():
             _write_done(cell)
         return "skipped"
     resume = status == "partial"
     step = _checkpoint_step(cell.run_dir) if resume else None
-    write_label(cell)
     log(f"compare: {cell.method} seed {cell.seed}: "
         + (f"resuming from step {step or 0}" if resume else "training") + f" to step {cell.config.steps} "
         f"({cell.run_dir})")
@@ -213,9 +213,6 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
     out_dir = Path(out_dir)
-    for cell in cells:  # (cells of grids from before label files existed get theirs here)
-        if (cell.run_dir / "metrics.jsonl").is_file():
-            write_label(cell)
     runs = [report.load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
     groups = report.group_runs(runs)
     summary, rows = report.report(groups, out_dir / "pareto.png")
