@@ -95,9 +95,6 @@ def _build_reward_model(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_reward_model_path()
     if (out / "config.json").exists() and not args.force:
         raise FileExistsError(f"{out}: a reward model is already there (pass --force to rebuild it)")
-    for name in ("n_train", "n_test", "epochs", "batch_size", "max_length"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     # Seeded shuffles: the files are ordered all-negative then all-positive.
     train = shuffled(load_imdb(args.data_dir, "train"), args.seed, "imdb-classifier-train")[:args.n_train]
     test = shuffled(load_imdb(args.data_dir, "test"), args.seed, "imdb-classifier-test")[:args.n_test]
@@ -175,12 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
     reward.add_argument("--out", default=None, help="where to write it (default: the cache path the task reads, "
                         "$ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-sentiment-minilm)")
-    reward.add_argument("--n-train", type=int, default=6000, help="training reviews (default 6000)")
-    reward.add_argument("--n-test", type=int, default=2000, help="held-out test reviews for the accuracy "
+    reward.add_argument("--n-train", type=_positive_int, default=6000, help="training reviews (default 6000)")
+    reward.add_argument("--n-test", type=_positive_int, default=2000, help="held-out test reviews for the accuracy "
                         "(default 2000)")
-    reward.add_argument("--epochs", type=int, default=1, help="default 1")
-    reward.add_argument("--batch-size", type=int, default=16, help="default 16")
-    reward.add_argument("--max-length", type=int, default=256, help="tokens kept per review, from the end "
+    reward.add_argument("--epochs", type=_positive_int, default=1, help="default 1")
+    reward.add_argument("--batch-size", type=_positive_int, default=16, help="default 16")
+    reward.add_argument("--max-length", type=_positive_int, default=256, help="tokens kept per review, from the end "
                         "(default 256)")
     reward.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
     reward.add_argument("--seed", type=int, default=0, help="default 0")
