@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from elastic_reset.rl.policy import autocast
-from elastic_reset.rl.rollout import position_ids_from_mask
+from elastic_reset.rl.rollout import autocast, position_ids_from_mask
 
 
 def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,
@@ -22,7 +21,7 @@ def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,
     enc = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True, truncation=True,
                     max_length=max_tokens, add_special_tokens=False).to(device)
     mask = enc.attention_mask
-    with autocast(autocast_dtype, device):
+    with autocast(model, autocast_dtype):
         logits = model(input_ids=enc.input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
     logits = logits[:, :-1].float()
     # −log softmax at the target, without materialising the [B, T, V] log-probs (400 MB at 16 × 128 × 49k).

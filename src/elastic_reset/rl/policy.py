@@ -8,7 +8,7 @@ keeps the value function across resets (Elastic Reset §6, Appendix E.1).
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Iterator
 
 import torch
@@ -38,11 +38,6 @@ def autocast_dtype(setting: str) -> torch.dtype | None:
     if setting == "none":
         return None
     return torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else None
-
-
-def autocast(dtype: torch.dtype | None, device: torch.device | str = "cpu"):
-    device_type = torch.device(device).type
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):

@@ -38,6 +38,7 @@ import torch
 
 __all__ = [
     "ResponseOutput",
+    "autocast",
     "Rollout",
     "SamplingConfig",
     "forward_response",
@@ -330,7 +331,8 @@ def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None 
             module._parameters[name] = param
 
 
-def _autocast(model, dtype: torch.dtype | None):
+def autocast(model, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on the model's device type; a no-op context for ``dtype=None``."""
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(_device_of(model).type, dtype=dtype)
@@ -373,7 +375,7 @@ class _DecoderStepper:
 
     def prefill(self) -> torch.Tensor:
         extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(self.model) else {}
-        with _autocast(self.model, self.autocast_dtype):
+        with autocast(self.model, self.autocast_dtype):
             out = self.model(input_ids=self.query_ids,
                              attention_mask=self.attn[:, : self.tq] if self.padded else None,
                              position_ids=position_ids_from_mask(self.query_mask),
@@ -382,7 +384,7 @@ class _DecoderStepper:
         return out.logits[:, -1]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        with _autocast(self.model, self.autocast_dtype):
+        with autocast(self.model, self.autocast_dtype):
             out = self.model(input_ids=tokens[:, None],
                              attention_mask=self.attn[:, : self.tq + self.t + 1] if self.padded else None,
                              position_ids=self.next_pos + self.t,
@@ -404,13 +406,13 @@ class _Seq2SeqStepper:
     def prefill(self) -> torch.Tensor:
         start = torch.full((self.query_ids.shape[0],), _decoder_start_id(self.model), dtype=torch.long,
                            device=self.query_ids.device)
-        with _autocast(self.model, self.autocast_dtype):
+        with autocast(self.model, self.autocast_dtype):
             self.encoder_outputs = self.model.get_encoder()(input_ids=self.query_ids, attention_mask=self.query_mask,
                                                             return_dict=True)
         return self.step(start)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        with _autocast(self.model, self.autocast_dtype):
+        with autocast(self.model, self.autocast_dtype):
             out = self.model(encoder_outputs=self.encoder_outputs, attention_mask=self.query_mask,
                              decoder_input_ids=tokens[:, None], past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
@@ -608,7 +610,7 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
         raise ValueError(f"response_ids/response_mask: expected [B={batch}, Tr>0], got {tuple(response_ids.shape)} "
                          f"and {tuple(response_mask.shape)}")
 
-    with _autocast(model, autocast_dtype):
+    with autocast(model, autocast_dtype):
         if _is_encoder_decoder(model):
             start = torch.full((batch, 1), _decoder_start_id(model), dtype=torch.long, device=response_ids.device)
             out = model(input_ids=query_ids, attention_mask=query_mask,
