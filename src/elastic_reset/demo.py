@@ -18,7 +18,7 @@ from pathlib import Path
 from elastic_reset.rl.checkpoint import read_metrics
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-METHODS = {"kl": "kl", "elastic_reset": "elastic_reset"}
+METHODS = ["kl", "elastic_reset"]
 METHOD_OVERRIDES = {"kl": [], "elastic_reset": ["kl.coef=0.005"]}
 
 
