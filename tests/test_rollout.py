@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import elastic_reset.rl.cpu_bf16 as cpu_bf16
 from elastic_reset.models import tiny_causal_lm
 from elastic_reset.rl.rollout import (
     ResponseOutput,
@@ -334,6 +335,91 @@ def test_peft_lora_model(autocast_dtype):
                                rtol=0)
     out.logprobs.sum().backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU has no oneDNN bf16 support: packed_linears is a no-op here")
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_packed_linears_sample_exactly_what_autocast_samples(arch, monkeypatch):
+    peft = pytest.importorskip("peft")
+    model = make_model(arch, eos_bias=1.0)
+    if arch == "llama":  # a LoRA model whose adapters are not zero: the packed base and the adapters both count
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+        model.eval()
+    ids, mask = prompts(arch, [3, 7, 5])
+    packed = run(model, ids, mask, max_new_tokens=10, top_p=0.9, autocast_dtype=torch.bfloat16)
+    monkeypatch.setattr(cpu_bf16, "_can_pack", lambda model, dtype: False)
+    plain = run(model, ids, mask, max_new_tokens=10, top_p=0.9, autocast_dtype=torch.bfloat16)
+    assert torch.equal(packed.response_ids, plain.response_ids)
+    assert torch.equal(packed.logprobs, plain.logprobs)
+
+
+@needs_onednn_bf16
+def test_packed_linears_keep_frozen_packs_until_the_weight_changes():
+    model = make_model("llama")
+    linear = model.model.layers[0].self_attn.q_proj
+    linear.weight.requires_grad_(False)
+    x = torch.randn(3, linear.in_features)
+    with torch.no_grad():
+        with cpu_bf16.packed_linears(model, torch.bfloat16) as patched:
+            assert linear in patched and model.lm_head in patched
+            first = cpu_bf16._PACKS[linear][2]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))
+        assert "forward" not in vars(linear)  # the class's forward is back
+        with cpu_bf16.packed_linears(model, torch.bfloat16):
+            assert cpu_bf16._PACKS[linear][2] is first  # reused: same tensor, same version
+        linear.weight.mul_(2.0)  # an in-place change (a reset, a sync) must be seen
+        with cpu_bf16.packed_linears(model, torch.bfloat16):
+            assert cpu_bf16._PACKS[linear][2] is not first
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))
+    assert model.lm_head not in cpu_bf16._PACKS  # trainable: packed per entry, never kept
+    cpu_bf16.release_packed_linears(model)
+    assert linear not in cpu_bf16._PACKS
+
+
+def test_fp32_attention_runs_attention_in_fp32_outside_autocast(monkeypatch):
+    model = make_model("llama")
+    ids, mask = prompts("llama", [4, 6])
+    with torch.no_grad():
+        fp32_logits = model(input_ids=ids, attention_mask=mask).logits
+    assert cpu_bf16.use_fp32_attention(model, None) is False  # no autocast: nothing to fix
+    assert cpu_bf16.use_fp32_attention(model, torch.bfloat16) is True
+    assert model.config._attn_implementation == cpu_bf16.FP32_ATTENTION
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        seen.append((query.dtype, key.dtype, value.dtype, torch.is_autocast_enabled("cpu")))
+        return real(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert len(seen) == model.config.num_hidden_layers
+    assert set(seen) == {(torch.float32, torch.float32, torch.float32, False)}
+    torch.testing.assert_close(logits.float(), fp32_logits, atol=0.1, rtol=0)  # the linears still run in bf16
+    eager = make_model("llama")
+    eager.set_attn_implementation("eager")
+    assert cpu_bf16.use_fp32_attention(eager, torch.bfloat16) is False  # only "sdpa" is switched
+
+
+def test_fp32_attention_keeps_t5s_position_bias():
+    model = make_model("t5")
+    ids, mask = prompts("t5", [4, 6])
+    kw = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :3]}
+    with torch.no_grad():
+        fp32_logits = model(**kw).logits
+        assert cpu_bf16.use_fp32_attention(model, torch.bfloat16) is True
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(**kw).logits
+    torch.testing.assert_close(logits.float(), fp32_logits, atol=0.1, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------------------------

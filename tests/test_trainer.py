@@ -58,6 +58,31 @@ def test_each_algorithm_trains_and_logs(tmp_path, algo, minibatch):
         assert all("value_loss" in r and "clipfrac" in r for r in records)
 
 
+def test_single_pass_ppo_equals_ppo_with_a_separate_old_forward(tmp_path):
+    # One epoch of one minibatch: the update's own forward gives the old log-probs and values (ratio exactly 1).
+    # Its optimizer step must be the one a run that recomputes them in a separate no-grad forward takes first.
+    fused = RLTrainer(tiny_config("algo.epochs=1", "algo.minibatch_size=8"), tmp_path / "fused")
+    separate = RLTrainer(tiny_config("algo.epochs=2", "algo.minibatch_size=8"), tmp_path / "separate")
+    first: dict[str, torch.Tensor] = {}
+    original = separate.optimizer.step
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if not first:
+            first.update(trainable(separate))
+            first.update({f"head.{k}": v.clone() for k, v in separate.value_head.state_dict().items()})
+        return out
+
+    separate.optimizer.step = spy
+    record = fused.train_step()
+    separate.train_step()
+    assert record["ratio_mean"] == 1.0 and record["clipfrac"] == 0.0 and record["approx_kl"] == 0.0
+    after = {**trainable(fused), **{f"head.{k}": v for k, v in fused.value_head.state_dict().items()}}
+    assert after.keys() == first.keys()
+    for name, value in after.items():
+        torch.testing.assert_close(value, first[name], rtol=1e-5, atol=1e-6)
+
+
 def test_reset_to_init_returns_the_policy_to_its_initial_weights_but_not_the_value_head(tmp_path):
     config = tiny_config("method.name=reset_to_init", "method.reset_every=3")
     trainer = RLTrainer(config, tmp_path)

@@ -26,6 +26,7 @@ from elastic_reset.rl.config import ConfigError, TrainConfig, check_same_run, co
 from elastic_reset.rl.methods import build_method
 from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
                                      load_model_and_tokenizer, trainable_named_parameters)
+from elastic_reset.rl.cpu_bf16 import release_packed_linears, use_fp32_attention
 from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, precast_weights, sample
 from elastic_reset.tasks import Task, get_task
 
@@ -58,6 +59,7 @@ class RLTrainer:
         self.is_lora = config.model.lora is not None
         self.autocast_dtype = autocast_dtype(config.model.autocast)
         self.device = next(self.model.parameters()).device
+        use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
         self.sampling = SamplingConfig(
             max_new_tokens=config.sampling.max_new_tokens, min_new_tokens=config.sampling.min_new_tokens,
             temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
@@ -104,10 +106,12 @@ class RLTrainer:
                 self._frozen_casts.enter_context(precast_weights(ref, self.autocast_dtype, trainable=False))
 
     def close(self) -> None:
-        """Give the model its fp32 frozen weights back (see :meth:`_cast_frozen_weights`). Idempotent."""
+        """Give the model its fp32 frozen weights back (see :meth:`_cast_frozen_weights`) and drop the sampler's
+        packs of them. Idempotent."""
         if self._frozen_casts is not None:
             self._frozen_casts.close()
             self._frozen_casts = None
+        release_packed_linears(self.model)
 
     # ------------------------------------------------------------------------------------------ set-up checks
     def _prepare_run_dir(self, resume: bool) -> None:
@@ -271,18 +275,19 @@ class RLTrainer:
         mask = rollout.response_mask.float() * keep[:, None].float()
         times["reward"], t = time.perf_counter() - t, time.perf_counter()
 
-        # 3. Log-probs of the sampling policy, and of the KL reference. PPO recomputes the policy's log-probs with
-        # the same teacher-forced forward its update compares against (and gets the values from it). REINFORCE and
-        # RLOO are on-policy and make one pass: with a single minibatch, the update's own forward (step 5) gives
-        # the log-probs for the KL penalty, saving a forward. Otherwise, in fp32 the sampler's log-probs equal the
-        # teacher-forced ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04
-        # nats per token, which would put noise (and a non-zero KL at step 0) into the penalty, so they are
-        # recomputed.
+        # 3. Log-probs of the sampling policy, and of the KL reference. When the update is a single optimizer step
+        # on the whole batch (REINFORCE and RLOO with one minibatch; PPO with one epoch of one minibatch), the
+        # policy the update differentiates IS the sampling policy, so the update's own forward (step 5) gives the
+        # old log-probs and values, detached: one forward saved, and PPO's ratio is exactly 1 (as in TRL's GRPO with
+        # one iteration). Otherwise PPO recomputes them with the teacher-forced forward its update compares
+        # against. REINFORCE/RLOO with several minibatches: in fp32 the sampler's log-probs equal the teacher-forced
+        # ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04 nats per token,
+        # which would put noise (and a non-zero KL at step 0) into the penalty, so they are recomputed.
         n = len(rollout)
-        fused = c.algo.name != "ppo" and c.algo.minibatch_size >= n
+        fused = c.algo.minibatch_size >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
         old_logp = old_values = None
         with torch.no_grad():
-            if self.value_head is not None:
+            if not fused and self.value_head is not None:
                 old = self._forward(self.model, rollout, hidden=True)
                 old_logp, old_values = old.logprobs, self.value_head(old.hidden)
             elif not fused:
@@ -294,8 +299,11 @@ class RLTrainer:
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
         out = None
         if fused:
-            out = self._forward(self.model, rollout, entropy=True, entropy_grad=bool(c.algo.entropy_coef))
+            out = self._forward(self.model, rollout, hidden=self.value_head is not None, entropy=True,
+                                entropy_grad=bool(c.algo.entropy_coef))
             old_logp = out.logprobs.detach()
+            if self.value_head is not None:
+                old_values = self.value_head(out.hidden).detach()
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
         kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
@@ -306,7 +314,7 @@ class RLTrainer:
         # 5. Policy (and value) update: epochs × minibatches.
         stats: dict[str, list[float]] = {}
         if fused:
-            self._update(rollout, mask, advantages, old_logp, None, None, stats, out=out)
+            self._update(rollout, mask, advantages, old_logp, old_values, returns, stats, out=out)
             self.method.on_epoch_end(self)
         else:
             for _ in range(c.algo.epochs if c.algo.name == "ppo" else 1):
