@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import elastic_reset.rl.cpu_bf16 as cpu_bf16
+import elastic_reset.rl.rollout as rollout_module
 from elastic_reset.models import tiny_causal_lm
 from elastic_reset.rl.rollout import (
     ResponseOutput,
@@ -382,6 +383,21 @@ def test_packed_linears_keep_frozen_packs_until_the_weight_changes():
     assert model.lm_head not in cpu_bf16._PACKS  # trainable: packed per entry, never kept
     cpu_bf16.release_packed_linears(model)
     assert linear not in cpu_bf16._PACKS
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_preallocated_kv_cache_samples_what_the_growing_cache_samples(arch, monkeypatch):
+    model = make_model(arch, eos_bias=1.0)
+    ids, mask = prompts(arch, [3, 7, 5])
+    caches = []
+    real = rollout_module._preallocated_cache
+    monkeypatch.setattr(rollout_module, "_preallocated_cache", lambda *a: caches.append(real(*a)) or caches[-1])
+    preallocated = run(model, ids, mask, max_new_tokens=10)
+    assert caches[0] is not None and caches[0].layers[0]._key_buffer.shape[2] == ids.shape[1] + 10
+    monkeypatch.setattr(rollout_module, "_preallocated_cache", lambda *a: None)
+    growing = run(model, ids, mask, max_new_tokens=10)
+    assert torch.equal(preallocated.response_ids, growing.response_ids)
+    torch.testing.assert_close(preallocated.logprobs, growing.logprobs, rtol=0, atol=1e-6)
 
 
 def test_fp32_attention_runs_attention_in_fp32_outside_autocast(monkeypatch):
