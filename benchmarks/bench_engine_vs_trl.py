@@ -18,8 +18,10 @@ Rows:
 - ``ours RLOO``: 4 prompts × 4 samples, one optimizer step: the closest match to GRPO.
 
 Our rows call ``trainer.train_step()`` directly; the breakdown is the ``time/*`` fields of the returned record
-(``sample`` = sampling; ``reward`` = decoding + VADER; ``ref`` = old log-probs (+ values) and reference log-probs;
-``update`` = advantages + forward/backward/optimizer step). Every row: ``--warmup`` steps discarded, then the
+(``sample`` = sampling; ``reward`` = decoding + VADER; ``ref`` = the reference log-probs; ``update`` = forward,
+advantages, backward, optimizer step). With one epoch of one minibatch, as here, the update's own forward gives
+the old log-probs (and PPO's values), as TRL's GRPO does with one iteration; otherwise they are a separate forward,
+counted in ``ref``. Every row: ``--warmup`` steps discarded, then the
 median of ``--steps`` timed steps. Ratios are ours / TRL at the same precision.
 
     .venv/bin/python benchmarks/bench_engine_vs_trl.py [--steps 5] [--warmup 1] [--out PATH]

@@ -682,22 +682,24 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
         logits = logits.masked_fill(~allowed, NEG_INF)
     valid = response_mask.bool()
     # cross_entropy is one fused log-softmax + gather, forward and backward: on CPU at 16 x 32 x 49k it took 51 + 96 ms
-    # where logsumexp − gather took 197 + 187 ms. The normaliser is recovered from it (with grad) for the entropy.
+    # where logsumexp − gather took 197 + 187 ms.
     logprobs = -torch.nn.functional.cross_entropy(logits.flatten(0, 1), response_ids.flatten(), reduction="none")
     logprobs = logprobs.view_as(response_ids)
-    token_logits = logits.gather(-1, response_ids[..., None]).squeeze(-1)
-    lse = token_logits - logprobs
-    logprobs = torch.where(valid, logprobs, 0.0)
 
     entropy = None
     if compute_entropy:
+        # H = lse − Σ p·z with p = exp(z − lse), the normaliser recovered from the log-prob: lse = z_token − log p.
+        # The dot product runs as a batched matmul. Every vocabulary-sized tensor is another 100 MB at 16 x 32 x 49k
+        # (on this CPU, freshly allocated memory of that size costs ~70 ms in page faults), so the detached
+        # default computes p in place, and only the entropy bonus (entropy_grad) pays for a differentiable one.
         with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            # H = lse − Σ p·z with p = exp(z − lse): reuses the normaliser, and the dot product runs as a batched
-            # matmul, with no vocabulary-sized temporary beyond p (two passes instead of log_softmax's four).
-            probs = torch.exp(logits - lse[..., None])
-            finite = logits if action_mask is None else logits.masked_fill(probs == 0, 0.0)  # −inf · 0 would be NaN
+            z = logits if entropy_grad else logits.detach()
+            lse = z.gather(-1, response_ids[..., None]).squeeze(-1) - (logprobs if entropy_grad else logprobs.detach())
+            probs = torch.exp(z - lse[..., None]) if entropy_grad else (z - lse[..., None]).exp_()
+            finite = z if action_mask is None else z.masked_fill(probs == 0, 0.0)  # −inf · 0 would be NaN
             expected = (probs.unsqueeze(-2) @ finite.unsqueeze(-1)).squeeze(-1).squeeze(-1)
             entropy = torch.where(valid, lse - expected, 0.0)
+    logprobs = torch.where(valid, logprobs, 0.0)
 
     return ResponseOutput(logprobs=logprobs, entropy=entropy, hidden=hidden,
                           logits=logits if return_logits else None)
