@@ -385,6 +385,44 @@ def test_packed_linears_keep_frozen_packs_until_the_weight_changes():
     assert linear not in cpu_bf16._PACKS
 
 
+@needs_onednn_bf16
+def test_merged_lora_sampling_applies_the_adapters_at_bf16_precision():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(make_model("llama"), peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                                     target_modules=["q_proj", "v_proj"]))
+    model.eval()
+    ids, mask = prompts("llama", [3, 7, 5])
+    lora = model.base_model.model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        fp32 = model(input_ids=ids, attention_mask=mask).logits
+        with model.disable_adapter():
+            without = model(input_ids=ids, attention_mask=mask).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with cpu_bf16.packed_linears(model, torch.bfloat16, merge_lora=True) as patched:
+                assert lora in patched and lora.lora_A["default"] in patched  # the whole layer is one matmul
+                assert "forward" in vars(lora) and "forward" not in vars(lora.lora_A["default"])
+                merged = model(input_ids=ids, attention_mask=mask).logits.float()
+            unmerged = model(input_ids=ids, attention_mask=mask).logits.float()
+    bf16_error = (unmerged - fp32).abs().max()
+    assert (merged - fp32).abs().max() <= 2 * bf16_error + 1e-3  # as close to fp32 as the unmerged bf16 forward
+    assert (without - fp32).abs().max() > 10 * bf16_error  # and the adapters did count
+    lora.lora_dropout["default"] = nn.Dropout(0.5).train()  # dropout in use: not mergeable, left to peft
+    with torch.no_grad(), cpu_bf16.packed_linears(model, torch.bfloat16, merge_lora=True) as patched:
+        assert lora not in patched and lora.base_layer in patched
+
+
+@needs_onednn_bf16
+def test_merged_lora_with_zero_adapters_samples_exactly_the_base():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(make_model("llama", eos_bias=1.0),
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.eval()  # LoRA B starts at zero: W + s·B·A is W, so the initial policy samples are unchanged
+    ids, mask = prompts("llama", [3, 7, 5])
+    merged = run(model, ids, mask, max_new_tokens=10, autocast_dtype=torch.bfloat16, merge_lora=True)
+    plain = run(model, ids, mask, max_new_tokens=10, autocast_dtype=torch.bfloat16)
+    assert torch.equal(merged.response_ids, plain.response_ids) and torch.equal(merged.logprobs, plain.logprobs)
+
+
 @pytest.mark.parametrize("arch", DECODERS)
 def test_preallocated_kv_cache_samples_what_the_growing_cache_samples(arch, monkeypatch):
     model = make_model(arch, eos_bias=1.0)

