@@ -105,6 +105,8 @@ def machine_info(threads: int) -> dict:
         "peft": peft.__version__,
         "python": platform.python_version(),
         "threads": threads,
+        # glibc allocator settings change both sides' timings (freshly mapped memory page-faults): recorded
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 

@@ -43,7 +43,8 @@ class DriftMetric:
 
 
 DRIFTS: dict[str, DriftMetric] = {
-    "perplexity": DriftMetric("perplexity", "perplexity on held-out text", True),
+    # Neutral on purpose: the texts are held-out human text or the initial policy's samples (config eval.reference).
+    "perplexity": DriftMetric("perplexity", "perplexity on the reference texts", True),
     "kl_init": DriftMetric("kl_init", "KL to the initial model", True),
 }
 
