@@ -23,10 +23,10 @@ from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import (MetricsLog, atomic_write_bytes, latest_checkpoint, load_checkpoint,
                                          save_checkpoint)
 from elastic_reset.rl.config import ConfigError, TrainConfig, check_same_run, config_to_dict
+from elastic_reset.rl.cpu_bf16 import release_packed_linears, use_fp32_attention
 from elastic_reset.rl.methods import build_method
 from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
                                      load_model_and_tokenizer, trainable_named_parameters)
-from elastic_reset.rl.cpu_bf16 import release_packed_linears, use_fp32_attention
 from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, precast_weights, sample
 from elastic_reset.tasks import Task, get_task
 
