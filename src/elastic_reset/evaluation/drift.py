@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from elastic_reset.rl.rollout import autocast, position_ids_from_mask
+from elastic_reset.rl.rollout import autocast, position_ids_from_mask, token_logprobs
 
 
 def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,
@@ -23,9 +23,7 @@ def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,
     mask = enc.attention_mask
     with autocast(model, autocast_dtype):
         logits = model(input_ids=enc.input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
-    logits = logits[:, :-1].float()
-    # −log softmax at the target, without materialising the [B, T, V] log-probs (400 MB at 16 × 128 × 49k).
-    nll = torch.logsumexp(logits, dim=-1) - logits.gather(-1, enc.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    nll = -token_logprobs(logits[:, :-1].float(), enc.input_ids[:, 1:])
     scored = (mask[:, 1:] * mask[:, :-1]).float()
     return nll * scored, scored
 

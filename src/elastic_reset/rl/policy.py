@@ -47,7 +47,8 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     Weights stay fp32 under bf16 autocast, LoRA base included. Storing the frozen base in bf16 was measured
     2.5x slower for a teacher-forced SmolLM2 forward here (1.58 s vs 0.64 s for 16 × 42 tokens): the residual
     stream, norms and rotary embeddings then run in bf16, which this CPU does slowly, while autocast only needs
-    the matmuls in bf16. The sampler casts the linear weights once per rollout instead (``precast_weights``)."""
+    the matmuls in bf16. The trainer gives the frozen linear weights bf16 copies once per run instead
+    (``precast_weights``), and the sampler packs them for oneDNN (``cpu_bf16.packed_linears``)."""
     from elastic_reset import models
 
     if config.name in ("tiny-llama", "tiny-gpt2"):
@@ -74,7 +75,6 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         tokenizer.padding_side = "left"  # decoder-only sampling continues from the right edge
     if config.lora is not None:
         from peft import LoraConfig, get_peft_model
-
 
         model = get_peft_model(model, LoraConfig(
             r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,

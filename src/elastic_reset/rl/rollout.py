@@ -50,6 +50,7 @@ __all__ = [
     "sample_from_logits",
     "top_k_filter",
     "top_p_filter",
+    "token_logprobs",
     "top_p_set",
 ]
 
@@ -612,6 +613,15 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
 # --------------------------------------------------------------------------------------------------------------
 
 
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)`` at ``token_ids``, position by position: ``[..., V]`` and ``[...]`` give ``[...]``.
+
+    One fused cross-entropy, forward and backward: on CPU at 16 x 32 x 49k it took 51 + 96 ms where logsumexp −
+    gather took 197 + 187 ms."""
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, -2), token_ids.flatten(), reduction="none")
+    return -nll.view_as(token_ids)
+
+
 def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_mask: torch.Tensor | None = None,
                      response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
                      temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
@@ -687,10 +697,7 @@ def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_
         allowed = allowed | ~allowed.any(-1, keepdim=True)
         logits = logits.masked_fill(~allowed, NEG_INF)
     valid = response_mask.bool()
-    # cross_entropy is one fused log-softmax + gather, forward and backward: on CPU at 16 x 32 x 49k it took 51 + 96 ms
-    # where logsumexp − gather took 197 + 187 ms.
-    logprobs = -torch.nn.functional.cross_entropy(logits.flatten(0, 1), response_ids.flatten(), reduction="none")
-    logprobs = logprobs.view_as(response_ids)
+    logprobs = token_logprobs(logits, response_ids)
 
     entropy = None
     if compute_entropy:
