@@ -161,11 +161,6 @@ def test_nlpo_mask_model_is_delayed_then_synced(tmp_path):
     assert all(torch.equal(mask_params[n], p) for n, p in trainable(trainer).items())
 
 
-def test_multitask_adds_a_supervised_loss(tmp_path):
-    records = RLTrainer(tiny_config("method.name=multitask"), tmp_path).train()
-    assert all(r["multitask/nll"] > 0 for r in records)
-
-
 def test_lora_policy_trains_only_adapters(tmp_path):
     config = tiny_config(model={"lora": {"r": 4, "alpha": 8}}, method={"name": "elastic_reset", "reset_every": 2})
     trainer = RLTrainer(config, tmp_path)
@@ -204,6 +199,21 @@ def test_evaluation_reports_drift_and_never_changes_training(tmp_path):
     assert evals[0]["eval/kl_init"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the reference
     assert all(r["eval/perplexity"] > 1 for r in evals)
     assert all("eval_ema/perplexity" in r for r in evals)
+
+
+def test_evaluation_samples_several_completions_per_prompt(tmp_path):
+    seen = []
+
+    def reward(prompts, completions):
+        seen.append(list(prompts))
+        return [0.5] * len(completions)
+
+    config = tiny_config("eval.every=3", "eval.num_prompts=3", "eval.samples_per_prompt=4", "eval.batch_size=5",
+                         "eval.ema=false")
+    trainer = RLTrainer(config, tmp_path, task=_task(reward))
+    trainer.evaluate()
+    prompts = [p for chunk in seen for p in chunk]
+    assert prompts == [p for p in trainer.task.eval_prompts[:3] for _ in range(4)]
 
 
 def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp_path):
@@ -327,6 +337,7 @@ def test_tokenizer_without_pad_token_is_refused(tmp_path, monkeypatch):
     ("sampling.min_new_tokens=99", r"sampling\.min_new_tokens"),
     ("steps=true", r"steps: expected an integer"),
     ("eval.reference=human", r"eval\.reference: expected task or initial_samples"),
+    ("eval.samples_per_prompt=0", r"eval\.samples_per_prompt: expected >= 1"),
 ])
 def test_bad_config_is_refused_naming_the_key(override, match):
     sections = {"method": {"name": "kl"}} if override.startswith("kl.") else {}

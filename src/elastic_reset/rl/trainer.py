@@ -416,7 +416,7 @@ class RLTrainer:
 
     def _evaluate_current(self, prefix: str) -> dict[str, Any]:
         e = self.config.eval
-        prompts = self.task.eval_prompts[:e.num_prompts]
+        prompts = [p for p in self.task.eval_prompts[:e.num_prompts] for _ in range(e.samples_per_prompt)]
         # The same noise at every evaluation: differences between steps come from the weights, not the draw.
         generator = torch.Generator().manual_seed(self.config.seed + 1_000_003)
         scores, completions, kls = [], [], []
