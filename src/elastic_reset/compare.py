@@ -239,13 +239,15 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     out_dir.mkdir(parents=True, exist_ok=True)
     actions = []
     for i, cell in enumerate(cells, 1):
+        start = time.perf_counter()
         action = train_cell(cell, log)
+        wall = round(time.perf_counter() - start, 1)
         if action == "skipped":
             log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
         else:
-            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action}")
+            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action} in {wall:.0f} s")
         actions.append({"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
-                        "action": action, "overrides": cell.overrides})
+                        "action": action, "wall_s": wall, "overrides": cell.overrides})
     extra = {
         "command": shlex.join(command) if command else None,
         "argv": list(command) if command else None,

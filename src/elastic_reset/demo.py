@@ -1,12 +1,14 @@
-"""``elastic-reset demo``: PPO with a KL penalty against Elastic Reset on SmolLM2 + LoRA, on the VADER task.
+"""``elastic-reset demo``: RL without drift control against Elastic Reset on SmolLM2 + LoRA, on the VADER task.
 
 The reward is the VADER positivity of the continuation: easy to hack (a string of "great love wonderful" scores
-well), which is the point. Drift is measured the way issue 4 asks for a task without a dataset: perplexity of the
-policy on text sampled once from the initial policy (``eval.reference: initial_samples``), and KL to the initial
-model on fresh samples.
+well), which is the point. Drift is measured for a task without a dataset: perplexity of the policy on text
+sampled once from the initial policy (``eval.reference: initial_samples``), and KL to the initial model on fresh
+samples.
 
-Both runs start from the same model and seed; Elastic Reset uses a 10x smaller KL coefficient (as the paper does,
-§6) and resets twice. The demo is a one-seed :func:`~elastic_reset.compare.run_grid`, so it is resumable (run it
+Both runs use the same RLOO settings, model, seed and samples (``configs/demo.yaml``, chosen because they raise the
+held-out reward within a few minutes on a 2-core CPU; see BENCHMARKS.md). The baseline (``none``) has no KL penalty
+and no resets: the drift-unconstrained run. Elastic Reset adds only its EMA and resets, so any difference between
+the two is the resets'. The demo is a one-seed :func:`~elastic_reset.compare.run_grid`, so it is resumable (run it
 again to continue after an interruption) and writes the same report as ``elastic-reset compare``: the Pareto
 figure, the reward and drift curves with the resets marked, and ``summary.json``.
 """
@@ -18,8 +20,7 @@ from pathlib import Path
 from elastic_reset.rl.checkpoint import read_metrics
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-METHODS = ["kl", "elastic_reset"]
-METHOD_OVERRIDES = {"kl": [], "elastic_reset": ["kl.coef=0.005"]}
+METHODS = ["none", "elastic_reset"]
 
 
 def run_demo(out: str | Path = "demo_out", steps: int | None = None, model: str = "smollm2") -> dict:
@@ -33,9 +34,13 @@ def run_demo(out: str | Path = "demo_out", steps: int | None = None, model: str 
     if model.startswith("tiny"):
         overrides += ["model.lora=null", "algo.lr=3e-4"]
     command = ["elastic-reset", "demo", "--out", str(out), "--model", model] + (["--steps", str(steps)] if steps else [])
-    summary = run_grid(CONFIG, out, METHODS, 1, overrides, METHOD_OVERRIDES, command=command)
+    summary = run_grid(CONFIG, out, METHODS, 1, overrides, command=command)
     results = {name: read_metrics(out / name / "seed0" / "metrics.jsonl") for name in METHODS}
     _print_table(results)
+    print()
+    for run in summary["runs"]:
+        wall = "finished in an earlier call" if run["action"] == "skipped" else f"{run['wall_s'] / 60:.1f} min"
+        print(f"wall time, {run['method']}: {wall}")
     print()
     print(format_dominance(summary["dominance"]))
     print(f"\nPareto frontier (reward vs perplexity): {(out / 'pareto.png').resolve()}")

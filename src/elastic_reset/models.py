@@ -87,6 +87,20 @@ def smollm2_path() -> Path:
     return out
 
 
+IMDB_POLICY_DIRNAME = "imdb-gpt2"
+IMDB_POLICY_BUILD = "elastic-reset build-policy imdb --data-dir ../shared/data"
+
+
+def imdb_policy_path() -> Path:
+    """The small GPT-2 pretrained on IMDB train reviews (``model.name: imdb-gpt2``), built once by
+    ``elastic-reset build-policy imdb`` into ``cache_dir()/imdb-gpt2``."""
+    path = cache_dir() / IMDB_POLICY_DIRNAME
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.name=imdb-gpt2: no pretrained policy at {path}; build it with "
+                                f"`{IMDB_POLICY_BUILD}` (about 15 minutes on a 2-core CPU)")
+    return path
+
+
 def load_smollm2(dtype: torch.dtype = torch.float32):
     """(model, tokenizer) for SmolLM2-135M-Instruct, loaded from the local cache (see :func:`smollm2_path`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

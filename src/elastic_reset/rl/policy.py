@@ -57,6 +57,12 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         tokenizer = models.byte_tokenizer()
     elif config.name == "smollm2":
         model, tokenizer = models.load_smollm2()
+    elif config.name == "imdb-gpt2":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = models.imdb_policy_path()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 

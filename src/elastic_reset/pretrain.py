@@ -1,0 +1,140 @@
+"""A small policy pretrained on the task's own text, for the IMDB experiment (Elastic Reset §6).
+
+The paper's IMDB policy is GPT-2 further trained on IMDB reviews (``lvwerra/gpt2-imdb``): a model that already
+writes reviews, so that RL only has to steer their sentiment. Nothing of that size can be downloaded or trained
+here, so ``elastic-reset build-policy imdb`` builds the same thing at CPU scale: a byte-level BPE vocabulary
+(``tokenizers``) and a small GPT-2 trained from scratch, by next-token prediction, on the IMDB *train* reviews only
+(validation prompts and the perplexity reference texts come from the test split, never seen here). The result is
+a plain Hugging Face folder, cached outside git, that ``model.name: imdb-gpt2`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+EOS = "<|endoftext|>"
+
+
+@dataclass
+class PretrainConfig:
+    vocab_size: int = 8192
+    """BPE vocabulary size, special token included."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_embd: int = 256
+    """Width (4 heads of 64)."""
+    context: int = 128
+    """Tokens per training sequence (and the model's context length is twice that, for prompt + completion)."""
+    batch_size: int = 32
+    """Sequences per optimizer step."""
+    steps: int = 1200
+    """Optimizer steps (1200 × 32 × 128 = 4.9M tokens, about 2/3 of the train reviews; ~15-20 min on 2 cores)."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (cosine decay to 10 % after a 5 % warm-up)."""
+    seed: int = 0
+    """Seeds the shuffle and the initial weights."""
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE vocabulary learnt on ``texts`` (GPT-2's scheme), wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=EOS,
+                                   padding_side="left")
+
+
+def _token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
+    """All texts as one stream of ids, each followed by EOS (GPT-2's pretraining layout)."""
+    ids: list[int] = []
+    for start in range(0, len(texts), 1000):
+        for row in tokenizer(texts[start:start + 1000])["input_ids"]:
+            ids.extend(row)
+            ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, config: PretrainConfig,
+                    log=print) -> dict:
+    """Train the tokenizer and the model on ``texts``, measure perplexity on ``held_out``, write ``out``."""
+    from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
+
+    out = Path(out)
+    random.Random(config.seed).shuffle(texts := list(texts))
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer(texts, config.vocab_size)
+    stream = _token_stream(tokenizer, texts)
+    held = _token_stream(tokenizer, held_out)
+    log(f"build-policy: vocabulary of {len(tokenizer)} tokens; {stream.numel():,} training tokens "
+        f"({time.perf_counter() - t0:.0f} s)")
+
+    torch.manual_seed(config.seed)
+    model = GPT2LMHeadModel(GPT2Config(
+        vocab_size=len(tokenizer), n_positions=2 * config.context, n_embd=config.n_embd, n_layer=config.n_layer,
+        n_head=config.n_embd // 64, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    schedule = get_cosine_schedule_with_warmup(optimizer, max(1, config.steps // 20), config.steps,
+                                               num_cycles=0.45)  # ends at ~10 % of the peak
+    windows = stream[: stream.numel() // config.context * config.context].view(-1, config.context)
+    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(config.seed))
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(config.steps):
+        idx = order[(step * config.batch_size + torch.arange(config.batch_size)) % len(windows)]
+        batch = windows[idx]
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if (step + 1) % 100 == 0 or step + 1 == config.steps:
+            log(f"build-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
+                f"({time.perf_counter() - t0:.0f} s)")
+    model.eval()
+    held_ppl = _stream_perplexity(model, held, config.context)
+    metrics = {"held_out_perplexity": held_ppl, "train_tokens_seen": config.steps * config.batch_size *
+               config.context, "train_tokens": int(stream.numel()), "parameters": sum(p.numel() for p in
+               model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
+    log(f"build-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:  # a crash mid-write never leaves a half model where the task looks for it
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return metrics
+
+
+@torch.no_grad()
+def _stream_perplexity(model, ids: torch.Tensor, context: int) -> float:
+    windows = ids[: ids.numel() // context * context].view(-1, context)
+    total, count = 0.0, 0
+    for start in range(0, len(windows), 64):
+        batch = windows[start:start + 64]
+        n = batch.shape[0] * (batch.shape[1] - 1)  # tokens predicted (the labels are shifted inside)
+        total += float(model(input_ids=batch, labels=batch).loss) * n
+        count += n
+    return math.exp(total / count)
