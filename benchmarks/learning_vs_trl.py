@@ -17,7 +17,7 @@ from the row's current model, scored by the same reward. Wall time counts traini
 is subtracted). The report gives, per row, held-out reward against wall time and against samples seen (one
 figure), and the time to first reach ``--target`` (an absolute held-out reward) as a ratio ours / TRL.
 
-    .venv/bin/python benchmarks/learning_vs_trl.py [--steps 24] [--lr 1e-3] [--target 0.75] [--rows trl,rloo,ppo]
+    .venv/bin/python benchmarks/learning_vs_trl.py [--steps 24] [--lr 2e-3] [--target 0.75] [--rows trl,rloo,ppo]
 
 Writes ``benchmarks/results/learning_vs_trl.json`` and ``.png``. One seed per row: a ratio from one run is a
 measurement of that run, not a distribution.
@@ -209,7 +209,7 @@ def plot(rows: list[dict], target: float, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per row (default 24)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate, every row (default 1e-3)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="learning rate, every row (default 2e-3, the demo's)")
     parser.add_argument("--target", type=float, default=0.75, help="held-out reward to reach (default 0.75)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every this many steps (default 4)")
     parser.add_argument("--eval-samples", type=int, default=4, help="completions per held-out prompt (default 4)")
