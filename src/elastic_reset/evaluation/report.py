@@ -409,7 +409,7 @@ def plot_curves(groups: dict[str, list[Run]], out_png: str | Path) -> Path:
 
     metric = DRIFTS[_check_groups(groups)]
     colors = _colors(groups)
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
     ax_reward, ax_drift = fig.subplots(1, 2)
     for name, runs in groups.items():
         color = colors[name]
@@ -423,10 +423,10 @@ def plot_curves(groups: dict[str, list[Run]], out_png: str | Path) -> Path:
             # The reset schedule is the same for every seed of a method; the union covers a seed that ran longer.
             for step in sorted({s for run in runs for s in run.reset_steps}):
                 ax.axvline(step, color=color, linestyle=":", linewidth=1, alpha=0.8)
-    ax_reward.set_title("validation reward (eval/reward), higher is better")
+    ax_reward.set_title("validation reward (eval/reward)\nhigher is better", fontsize=10)
     ax_reward.set_ylabel("reward")
-    ax_drift.set_title(f"{metric.label} (eval/{metric.key}), "
-                       f"{'lower' if metric.lower_is_better else 'higher'} is better")
+    ax_drift.set_title(f"{metric.label} (eval/{metric.key})\n"
+                       f"{'lower' if metric.lower_is_better else 'higher'} is better", fontsize=10)
     ax_drift.set_ylabel(metric.key)
     for ax in (ax_reward, ax_drift):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
