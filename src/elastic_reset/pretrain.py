@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from elastic_reset.models import atomic_folder
 
 EOS = "<|endoftext|>"
 
@@ -114,17 +113,10 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
                model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
     log(f"build-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:  # a crash mid-write never leaves a half model where the task looks for it
+    with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return metrics
 
 
