@@ -193,11 +193,11 @@ def test_build_reward_model_command(shared_data, tmp_path, capsys, monkeypatch):
 
 
 def test_atomic_save_replaces_an_existing_folder(tmp_path):
-    from elastic_reset.rewards.classifier import _save_atomically
+    from elastic_reset.models import save_folder_atomically
 
     out = tmp_path / "model"
-    _save_atomically(out, lambda d: (d / "a.txt").write_text("old"))
-    _save_atomically(out, lambda d: (d / "b.txt").write_text("new"))
+    save_folder_atomically(out, lambda d: (d / "a.txt").write_text("old"))
+    save_folder_atomically(out, lambda d: (d / "b.txt").write_text("new"))
     assert [p.name for p in out.iterdir()] == ["b.txt"]
 
     def crash(d):
@@ -205,6 +205,6 @@ def test_atomic_save_replaces_an_existing_folder(tmp_path):
         raise RuntimeError("killed mid-write")
 
     with pytest.raises(RuntimeError):
-        _save_atomically(out, crash)
+        save_folder_atomically(out, crash)
     assert [p.name for p in out.iterdir()] == ["b.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["model"]

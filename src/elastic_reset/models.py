@@ -14,8 +14,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,19 +43,22 @@ def _package_dir(package: str, pip_name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-@contextmanager
-def atomic_folder(out: Path) -> Iterator[Path]:
-    """A temporary sibling of ``out`` to write a model folder into; when the block ends without error it replaces
-    ``out``. A crash mid-write never leaves a half model where a loader looks for it."""
+def save_folder_atomically(out: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a temporary sibling of ``out``, then swap it in by renames: a crash never leaves a
+    half-written model where a loader looks for it (at worst the old one sits in a ``.old-*`` sibling)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
+    old = None
     try:
-        yield tmp
+        write(tmp)
         if out.exists():
-            shutil.rmtree(out)
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+            os.replace(out, old / "model")
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def smollm2_gguf_path() -> Path:
@@ -90,9 +92,11 @@ def smollm2_path() -> Path:
         del config.quantization_config
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(src.state_dict())
-    with atomic_folder(out) as tmp:
+    def write(tmp: Path) -> None:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+
+    save_folder_atomically(out, write)
     return out
 
 

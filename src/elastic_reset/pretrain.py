@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.models import atomic_folder
+from elastic_reset.models import save_folder_atomically
 
 EOS = "<|endoftext|>"
 
@@ -113,10 +113,12 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
                model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
     log(f"build-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
 
-    with atomic_folder(out) as tmp:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+    save_folder_atomically(out, write)
     return metrics
 
 

@@ -24,8 +24,6 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from elastic_reset.models import save_folder_atomically
 
 POSITIVE = 1
 """Index of the positive class (RL4LMs' IMDB config: ``label_ix: 1``)."""
@@ -99,24 +99,6 @@ def _check_labelled(texts: Sequence[str], labels: Sequence[int], what: str) -> N
 
 def _accuracy(probs: Sequence[float], labels: Sequence[int]) -> float:
     return sum(int(p >= 0.5) == int(y) for p, y in zip(probs, labels)) / len(labels)
-
-
-def _save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary sibling of ``out_dir``, then swap it in by renames: a crash never leaves a
-    half-written model at ``out_dir`` (at worst the old one sits in a ``.old-*`` sibling)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-tmp-", dir=out_dir.parent))
-    old = None
-    try:
-        write(tmp)
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "model")
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def _batches(texts: Sequence[str], batch_size: int, seed: int, group_by_length: bool) -> list[list[int]]:
@@ -289,7 +271,7 @@ def train_sentiment_classifier(
         tokenizer.save_pretrained(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
-    _save_atomically(out_dir, write)
+    save_folder_atomically(out_dir, write)
     log(f"classifier written to {out_dir}")
     return metrics
 

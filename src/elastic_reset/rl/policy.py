@@ -57,19 +57,15 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         tokenizer = models.byte_tokenizer()
     elif config.name == "smollm2":
         model, tokenizer = models.load_smollm2()
-    elif config.name == "imdb-gpt2":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        path = models.imdb_policy_path()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-        hf_config = AutoConfig.from_pretrained(config.name)
+        # imdb-gpt2 is a folder that `elastic-reset build-policy imdb` wrote into the cache.
+        name = str(models.imdb_policy_path()) if config.name == "imdb-gpt2" else config.name
+        hf_config = AutoConfig.from_pretrained(name)
         cls = AutoModelForSeq2SeqLM if hf_config.is_encoder_decoder else AutoModelForCausalLM
-        model = cls.from_pretrained(config.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(config.name)
+        model = cls.from_pretrained(name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name)
     if tokenizer.pad_token_id is None:
         raise ValueError(
             f"model.name={config.name!r}: the tokenizer has no pad token; batched sampling needs one "
