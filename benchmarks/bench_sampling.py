@@ -1,4 +1,4 @@
-"""Time :func:`elastic_reset.rl.rollout.sample` against ``model.generate`` on SmolLM2-135M.
+"""Time :func:`elastic_reset.rl.sampling.sample` against ``model.generate`` on SmolLM2-135M.
 
 16 left-padded prompts (IMDB review openings of 8-64 tokens when ``../shared/data`` exists, else fixed sentences)
 x 32 new tokens (min = max, so every run does the same work), plain sampling (T=1, no top-k/top-p), 2 threads:
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from elastic_reset.models import load_smollm2
-from elastic_reset.rl.rollout import SamplingConfig, sample
+from elastic_reset.rl.sampling import SamplingConfig, sample
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELASTIC_RESET_DATA", ROOT.parent / "shared" / "data"))
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     enc = tokenizer(prompts(tokenizer, args.batch), return_tensors="pt", padding=True)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     n = args.new_tokens
-    config = SamplingConfig(max_new_tokens=n, min_new_tokens=n)
+    config = SamplingConfig(max_new_tokens=n, min_new_tokens=n, merge_lora=False)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
 
     def ours(dtype):

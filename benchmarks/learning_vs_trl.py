@@ -62,7 +62,7 @@ class HeldOut:
 
     @torch.no_grad()
     def __call__(self, model) -> float:
-        from elastic_reset.rl.rollout import SamplingConfig, sample
+        from elastic_reset.rl.sampling import SamplingConfig, sample
 
         t0 = time.perf_counter()
         was_training = model.training

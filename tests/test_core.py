@@ -1,7 +1,7 @@
 """Tests of the algorithm core (:class:`elastic_reset.ElasticReset`) against independent reference computations.
 
 Each test checks one numeric fact. The references are plain python/torch loops written from the algorithm in
-``SYSTEM.md`` ("The algorithm (exact)"), never from the implementation:
+the paper (Elastic Reset, §3), never from the implementation:
 
     θ̄ starts at θ0;  after every step: θ̄ ← (1 − η)·θ + η·θ̄;  at steps n, 2n, ... (never step 0):
     elastic: θ ← θ̄, θ̄ ← θ0;   ema: θ ← θ̄;   init: θ ← θ0, θ̄ ← θ0;   none: no reset.

@@ -193,7 +193,7 @@ def test_build_reward_model_command(shared_data, tmp_path, capsys, monkeypatch):
 
 
 def test_atomic_save_replaces_an_existing_folder(tmp_path):
-    from elastic_reset.models import save_folder_atomically
+    from elastic_reset.io import save_folder_atomically
 
     out = tmp_path / "model"
     save_folder_atomically(out, lambda d: (d / "a.txt").write_text("old"))

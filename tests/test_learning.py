@@ -3,7 +3,7 @@
 Tiny byte-level Llama on the ``letter_frequency`` task (reward: the fraction of the completion's characters that
 are "e"; the random initial model scores ≈ 0.005). A few dozen iterations take a few seconds. Every test here
 compares against a number it could miss: flipping the sign of a policy loss, or switching a method off, makes it
-fail (checked by hand when the tests were written; see the note of issue 9).
+fail (checked by breaking the code on purpose when the tests were written).
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ def train(tmp_path, *overrides: str) -> tuple[RLTrainer, dict[int, dict]]:
 
 
 # ----------------------------------------------------------------------------------------------- algorithms
-@pytest.mark.parametrize("algo", ["ppo", "reinforce", "rloo"])
-def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo):
-    _, ev = train(tmp_path, f"algo.name={algo}")
+@pytest.mark.parametrize("algo,lr", [("ppo", 3e-3), ("reinforce", 1e-2), ("rloo", 1e-2)])
+def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo, lr):
+    # PPO takes epochs x minibatches optimizer steps per iteration (REINFORCE/RLOO one): at 1e-2 it learned on one
+    # seed of two and collapsed to reward 0 on the other; at 3e-3 it reached 1.0 on both.
+    _, ev = train(tmp_path, f"algo.name={algo}", f"algo.lr={lr}")
     start, end = ev[0]["eval/reward"], ev[30]["eval/reward"]
     assert start < 0.05
     assert end > start + 0.15, f"{algo}: held-out reward {start:.3f} -> {end:.3f} in 30 iterations"

@@ -17,8 +17,10 @@ import torch
 import yaml
 
 from elastic_reset.cli import main
-from elastic_reset.evaluation import report
-from elastic_reset.evaluation.report import ReportError, load_run
+from elastic_reset.errors import ReportError
+from elastic_reset.evaluation.figures import plot_curves, plot_pareto
+from elastic_reset.evaluation.runs import group_runs, load_run
+from elastic_reset.evaluation.summary import dominance_summary, format_dominance, format_table, summarize
 from elastic_reset.rl.config import ConfigError
 from elastic_reset.rl.trainer import RLTrainer
 
@@ -134,9 +136,9 @@ def test_load_run_errors_name_the_file(tmp_path, fake_runs, capsys):
 
 
 def test_summary_dominance_and_figures_of_known_runs(fake_runs, tmp_path):
-    groups = report.group_runs([load_run(d) for d in sorted(fake_runs.glob("*/seed*"))])
+    groups = group_runs([load_run(d) for d in sorted(fake_runs.glob("*/seed*"))])
     assert list(groups) == ["kl", "elastic_reset"]  # bad/ sorts before good/
-    summary = report.summarize(groups)
+    summary = summarize(groups)
     er = summary["methods"]["elastic_reset"]
     assert er["n_seeds"] == 2 and er["seeds"] == [0, 1] and er["final_steps"] == [8, 8]
     assert er["final_reward"] == {"mean": 1.0, "se": 0.0}
@@ -149,20 +151,20 @@ def test_summary_dominance_and_figures_of_known_runs(fake_runs, tmp_path):
     assert frontier["mean"][-1] == pytest.approx(31.0) and frontier["se"][-1] == pytest.approx(1.0)
     assert json.loads(json.dumps(summary, allow_nan=False)) == summary  # strict JSON
 
-    (row,) = report.dominance_summary(groups)
+    (row,) = dominance_summary(groups)
     assert (row["a"], row["b"]) == ("kl", "elastic_reset")
     assert row["range"] == [0.0, 1.0]
     assert (row["a_better"], row["b_better"]) == (0.0, 1.0)
     assert row["area"] == pytest.approx(-10.0, rel=0.05)              # 10 perplexity better over a range of 1
-    assert "elastic_reset on 100%" in report.format_dominance([row])
-    assert "31 ± 1" in report.format_table(summary)
+    assert "elastic_reset on 100%" in format_dominance([row])
+    assert "31 ± 1" in format_table(summary)
 
-    report.plot_pareto(groups, tmp_path / "p.png")
-    report.plot_curves(groups, tmp_path / "c.png")
+    plot_pareto(groups, tmp_path / "p.png")
+    plot_curves(groups, tmp_path / "c.png")
     assert_png(tmp_path / "p.png")
     assert_png(tmp_path / "c.png")
     with pytest.raises(ReportError, match="kl_init"):
-        report.plot_pareto(groups, tmp_path / "x.png", drift="kl_init")
+        plot_pareto(groups, tmp_path / "x.png", drift="kl_init")
 
 
 # ---------------------------------------------------------------------------------------- one real grid
@@ -281,9 +283,9 @@ def test_pareto_groups_a_grid_by_its_labels_and_refuses_pooled_seeds(grid, tmp_p
         (copy / name).write_bytes((grid / "kl" / "seed0" / name).read_bytes())
     assert load_run(copy).method == "kl"
     with pytest.raises(ReportError, match="both seed 0"):
-        report.group_runs([runs[0], load_run(copy)])
+        group_runs([runs[0], load_run(copy)])
     write_label(type("Cell", (), {"run_dir": copy, "method": "kl_variant"})())
-    assert set(report.group_runs([runs[0], load_run(copy)])) == {"kl", "kl_variant"}
+    assert set(group_runs([runs[0], load_run(copy)])) == {"kl", "kl_variant"}
 
 
 def test_compare_refuses_a_finished_cell_trained_from_another_config(grid, capsys, monkeypatch):

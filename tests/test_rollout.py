@@ -1,4 +1,4 @@
-"""Tests for the rollout module: KV-cache sampling and the teacher-forced re-scoring pass.
+"""Tests for sampling (``rl.sampling``: KV-cache sampling) and the teacher-forced re-scoring pass (``lm.scoring``).
 
 Tiny models only (byte-level Llama / GPT-2 decoders, a one-layer T5 and BART built locally): nothing is downloaded.
 """
@@ -11,19 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-import elastic_reset.rl.cpu_bf16 as cpu_bf16
-import elastic_reset.rl.rollout as rollout_module
+import elastic_reset.lm.cpu_bf16 as cpu_bf16
+import elastic_reset.rl.sampling as sampling_module
+from elastic_reset.lm.cpu_bf16 import precast_weights
+from elastic_reset.lm.scoring import ResponseOutput, forward_response
 from elastic_reset.models import tiny_causal_lm
-from elastic_reset.rl.rollout import (
-    ResponseOutput,
-    Rollout,
-    SamplingConfig,
-    forward_response,
-    precast_weights,
-    sample,
-    sample_from_logits,
-    top_p_set,
-)
+from elastic_reset.rl.sampling import Rollout, SamplingConfig, sample, sample_from_logits, top_p_set
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 259
 DECODERS = ["llama", "gpt2"]
@@ -97,6 +90,7 @@ def run(model, ids, mask, seed=0, **config):
     kw = {k: config.pop(k) for k in ("mask_model", "mask_top_p", "min_tokens_to_keep", "autocast_dtype",
                                      "eos_token_id") if k in config}
     kw.setdefault("eos_token_id", EOS)
+    config.setdefault("merge_lora", False)  # the unmerged sampler unless a test asks (the class default is True)
     return sample(model, ids, mask, SamplingConfig(**config), pad_token_id=PAD,
                   generator=torch.Generator().manual_seed(seed), **kw)
 
@@ -144,7 +138,7 @@ def test_shapes_masks_and_eos_layout(arch):
     model = make_model(arch, eos_bias=4.0)
     ids, mask = prompts(arch, [3, 7, 5, 9, 4, 6])
     r = run(model, ids, mask, max_new_tokens=12)
-    assert isinstance(r, Rollout) and len(r) == 6 and r.action_mask is None and r.masked_logprobs is None
+    assert isinstance(r, Rollout) and len(r) == 6 and r.action_mask is None
     assert r.query_ids is ids and r.query_mask is mask
     tr = r.response_ids.shape[1]
     assert 1 <= tr <= 12
@@ -428,11 +422,11 @@ def test_preallocated_kv_cache_samples_what_the_growing_cache_samples(arch, monk
     model = make_model(arch, eos_bias=1.0)
     ids, mask = prompts(arch, [3, 7, 5])
     caches = []
-    real = rollout_module._preallocated_cache
-    monkeypatch.setattr(rollout_module, "_preallocated_cache", lambda *a: caches.append(real(*a)) or caches[-1])
+    real = sampling_module._preallocated_cache
+    monkeypatch.setattr(sampling_module, "_preallocated_cache", lambda *a: caches.append(real(*a)) or caches[-1])
     preallocated = run(model, ids, mask, max_new_tokens=10)
     assert caches[0] is not None and caches[0].layers[0]._key_buffer.shape[2] == ids.shape[1] + 10
-    monkeypatch.setattr(rollout_module, "_preallocated_cache", lambda *a: None)
+    monkeypatch.setattr(sampling_module, "_preallocated_cache", lambda *a: None)
     growing = run(model, ids, mask, max_new_tokens=10)
     assert torch.equal(preallocated.response_ids, growing.response_ids)
     torch.testing.assert_close(preallocated.logprobs, growing.logprobs, rtol=0, atol=1e-6)
@@ -611,8 +605,11 @@ def test_nlpo_samples_inside_the_mask_models_top_p_set(arch):
     # Unmasked log-probs match the plain teacher-forced pass; masked ones match it with the action mask.
     torch.testing.assert_close(forward_response(policy, r).logprobs.detach(), r.logprobs, atol=1e-5, rtol=0)
     masked = forward_response(policy, r, action_mask=r.action_mask)
-    torch.testing.assert_close(masked.logprobs.detach(), r.masked_logprobs, atol=1e-5, rtol=0)
-    assert (r.masked_logprobs[valid] >= r.logprobs[valid] - 1e-6).all()
+    logits = forward_response(policy, r, return_logits=True).logits.detach()
+    expected = torch.log_softmax(logits.masked_fill(~r.action_mask, float("-inf")), -1)
+    expected = expected.gather(-1, r.response_ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(masked.logprobs.detach()[valid], expected[valid], atol=1e-5, rtol=0)
+    assert (masked.logprobs[valid] >= r.logprobs[valid] - 1e-6).all()
     assert torch.isfinite(masked.entropy).all()
 
 
@@ -642,7 +639,7 @@ def test_rollout_select_to_len():
     assert torch.equal(r.select(torch.tensor([1])).logprobs, r.logprobs[1:2])
     assert len(r.select(slice(0, 2))) == 2
     moved = r.to("cpu")
-    assert len(moved) == 3 and torch.equal(moved.masked_logprobs, r.masked_logprobs)
+    assert len(moved) == 3 and torch.equal(moved.action_mask, r.action_mask)
 
 
 @pytest.mark.parametrize("field,value", [

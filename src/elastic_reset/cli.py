@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from elastic_reset.rl.config import ConfigError
+from elastic_reset.errors import ElasticResetError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from elastic_reset.compare import parse_method_overrides, parse_methods, run_grid
-    from elastic_reset.evaluation.report import ReportError, format_dominance, format_table
+    from elastic_reset.evaluation.summary import format_dominance, format_table
 
     methods = parse_methods(args.methods)
     method_overrides = parse_method_overrides(args.method_set or [], methods)
@@ -43,12 +43,8 @@ def _compare(args: argparse.Namespace) -> int:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
-    try:
-        summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
-                           drift=args.drift, command=command)
-    except ReportError as err:
-        print(f"elastic-reset: error: {err}", file=sys.stderr)
-        return 2
+    summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
+                       drift=args.drift, command=command)
     print(format_dominance(summary["dominance"]))
     print(format_table(summary))
     print(f"grid written to {args.out} (summary.json, pareto.png, pareto_curves.png)")
@@ -58,25 +54,23 @@ def _compare(args: argparse.Namespace) -> int:
 def _pareto(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from elastic_reset.evaluation import report
+    from elastic_reset.evaluation.figures import curves_path, report
+    from elastic_reset.evaluation.runs import find_run_dirs, group_runs, load_run
+    from elastic_reset.evaluation.summary import format_dominance, format_table
 
-    try:
-        runs = []
-        for item in args.runs:
-            # LABEL=DIR groups DIR's runs under LABEL (e.g. two KL coefficients of method kl side by side).
-            label, path = None, item
-            if "=" in item and not Path(item).exists():
-                label, path = item.split("=", 1)
-            for run_dir in report.find_run_dirs(path):
-                runs.append(report.load_run(run_dir, method=label, drift=args.drift))
-        groups = report.group_runs(runs)
-        summary, rows = report.report(groups, args.out)
-    except report.ReportError as err:
-        print(f"elastic-reset: error: {err}", file=sys.stderr)
-        return 2
-    print(report.format_dominance(rows))
-    print(report.format_table(summary))
-    print(f"figures written to {args.out} and {report.curves_path(args.out)}")
+    runs = []
+    for item in args.runs:
+        # LABEL=DIR groups DIR's runs under LABEL (e.g. two KL coefficients of method kl side by side).
+        label, path = None, item
+        if "=" in item and not Path(item).exists():
+            label, path = item.split("=", 1)
+        for run_dir in find_run_dirs(path):
+            runs.append(load_run(run_dir, method=label, drift=args.drift))
+    groups = group_runs(runs)
+    summary, rows = report(groups, args.out)
+    print(format_dominance(rows))
+    print(format_table(summary))
+    print(f"figures written to {args.out} and {curves_path(args.out)}")
     return 0
 
 
@@ -143,6 +137,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-reset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train one run from a YAML config")
@@ -224,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileExistsError, FileNotFoundError) as err:
-        print(f"elastic-reset: error: {err}", file=sys.stderr)
+    except (ElasticResetError, FileExistsError, FileNotFoundError, PermissionError) as err:
+        if args.debug:
+            raise
+        # One line: the message names the key or the file; --debug shows where it came from.
+        message = " ".join(str(err).split())
+        print(f"elastic-reset: error: {message}", file=sys.stderr)
         return 2
 
 

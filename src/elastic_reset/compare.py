@@ -31,8 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from elastic_reset.evaluation import report
-from elastic_reset.rl.checkpoint import atomic_write_bytes
+from elastic_reset.evaluation.figures import report
+from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run
+from elastic_reset.evaluation.summary import to_jsonable
+from elastic_reset.io import atomic_write_text
+from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
 
 DONE = "done"
@@ -131,21 +134,6 @@ def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] |
     return cells
 
 
-def _checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the run's latest checkpoint, read from the ``latest`` pointer's file name (no torch.load:
-    a big model's checkpoint takes seconds to read)."""
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    if not (pointer.parent / name).is_file() or not name.startswith("step_"):
-        return None
-    try:
-        return int(name.removeprefix("step_").removesuffix(".pt"))
-    except ValueError:
-        return None
-
-
 def cell_status(cell: Cell) -> str:
     """``done`` (nothing to train), ``partial`` (continue with resume=True) or ``new``. A cell trained from another
     config (a changed ``--method-set``, a label given to another method) is refused, naming the key: its results
@@ -162,7 +150,7 @@ def cell_status(cell: Cell) -> str:
             return "done"
     if not (cell.run_dir / "config.yaml").is_file():
         return "new"
-    step = _checkpoint_step(cell.run_dir)
+    step = latest_step(cell.run_dir)
     if step is not None and step >= cell.config.steps:
         return "done"
     return "partial"
@@ -170,14 +158,14 @@ def cell_status(cell: Cell) -> str:
 
 def write_label(cell: Cell) -> None:
     """``<run>/label``: the cell's label, so that ``elastic-reset pareto GRID`` groups a named variant under its
-    own name rather than its method's (:func:`elastic_reset.evaluation.report.load_run` reads it)."""
+    own name rather than its method's (:func:`elastic_reset.evaluation.runs.load_run` reads it)."""
     cell.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(cell.run_dir / report.LABEL_FILE, lambda f: f.write(cell.method.encode() + b"\n"))
+    atomic_write_text(cell.run_dir / LABEL_FILE, cell.method + "\n")
 
 
 def _write_done(cell: Cell) -> None:
     payload = json.dumps({"steps": cell.config.steps, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    atomic_write_bytes(cell.run_dir / DONE, lambda f: f.write(payload.encode()))
+    atomic_write_text(cell.run_dir / DONE, payload)
 
 
 def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
@@ -191,7 +179,7 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
             _write_done(cell)
         return "skipped"
     resume = status == "partial"
-    step = _checkpoint_step(cell.run_dir) if resume else None
+    step = latest_step(cell.run_dir) if resume else None
     log(f"compare: {cell.method} seed {cell.seed}: "
         + (f"resuming from step {step or 0}" if resume else "training") + f" to step {cell.config.steps} "
         f"({cell.run_dir})")
@@ -213,15 +201,15 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
     out_dir = Path(out_dir)
-    runs = [report.load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
-    groups = report.group_runs(runs)
-    summary, rows = report.report(groups, out_dir / "pareto.png")
+    runs = [load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
+    groups = group_runs(runs)
+    summary, rows = report(groups, out_dir / "pareto.png")
     # Paths relative to the grid, so that the grid directory can be moved or shared as a whole.
     for entry in summary["methods"].values():
         entry["runs"] = [os.path.relpath(p, out_dir) for p in entry["runs"]]
     summary = {**summary, "dominance": rows, **(extra or {})}
-    payload = json.dumps(report.to_jsonable(summary), indent=2) + "\n"
-    atomic_write_bytes(out_dir / "summary.json", lambda f: f.write(payload.encode()))
+    payload = json.dumps(to_jsonable(summary), indent=2) + "\n"
+    atomic_write_text(out_dir / "summary.json", payload)
     return summary
 
 
@@ -233,7 +221,7 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
 
     ``command`` is the command line recorded in summary.json (argv list).
     """
-    report.drift_metric(drift)  # an unknown drift fails before hours of training, not after
+    drift_metric(drift)  # an unknown drift fails before hours of training, not after
     out_dir = Path(out_dir)
     cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)

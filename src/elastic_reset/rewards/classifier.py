@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from elastic_reset.models import save_folder_atomically
+from elastic_reset.io import save_folder_atomically
 
 POSITIVE = 1
 """Index of the positive class (RL4LMs' IMDB config: ``label_ix: 1``)."""

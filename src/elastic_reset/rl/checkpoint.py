@@ -1,97 +1,92 @@
-"""Atomic checkpoints and the metrics log: a crash at any moment (even SIGKILL) never loses or corrupts a run.
+"""Training checkpoints: one ``torch.save`` file per saved step, written atomically, and a ``latest`` pointer.
 
-A checkpoint is one ``torch.save`` file written to a temporary name, fsynced, then renamed (``os.replace`` is
-atomic on POSIX); ``latest`` is replaced the same way only after the checkpoint is complete. ``metrics.jsonl`` is
-append-only; on resume, lines after the checkpoint's step are cut so the resumed run writes them again.
+``checkpoints/step_0000040.pt`` is complete before ``checkpoints/latest`` names it (both through
+:mod:`elastic_reset.io`), so a crash at any moment leaves a loadable checkpoint. If the pointer or the newest file
+is damaged anyway (a disk fault, a hand edit), :func:`load_latest` falls back to the newest file that loads and
+says so; it never pretends a run has no checkpoint when it has files.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from elastic_reset.errors import RunRecoveryWarning
+from elastic_reset.io import RunFileError, atomic_write, read_pointer, write_pointer
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
-def atomic_write_bytes(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary sibling of ``path``, fsync, then rename it over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    match = _NAME.match(Path(path).name)
+    if match is None:
+        raise RunFileError(f"{path}: not a checkpoint file name (expected step_NNNNNNN.pt)")
+    return int(match.group(1))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoint files, oldest first."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=checkpoint_step)
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"step_{step:07d}.pt"
-    atomic_write_bytes(path, lambda f: torch.save(state, f))
-    atomic_write_bytes(ckpt_dir / "latest", lambda f: f.write(path.name.encode()))
-    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep]:
+    folder = checkpoint_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:07d}.pt"
+    atomic_write(path, lambda f: torch.save(state, f))
+    write_pointer(folder, path.name)
+    for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
+def latest_step(run_dir: Path) -> int | None:
+    """The step a resume would start from, without loading a checkpoint (a big model's takes seconds): the one
+    ``latest`` points to, else the newest file (as :func:`load_latest` does); None when there is no checkpoint."""
+    name = read_pointer(checkpoint_dir(run_dir))
+    if name is not None:
+        return checkpoint_step(Path(name))
+    files = list_checkpoints(run_dir)
+    return checkpoint_step(files[-1]) if files else None
+
+
+def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, and its state; None when the run has no checkpoint file at all.
+
+    The pointer's file is tried first. A missing or dangling pointer, or a file that does not load, is reported
+    with a warning and the next older file is tried; if files exist and none loads, :class:`RunFileError` says
+    which, instead of letting the run start over from step 0."""
+    files = list_checkpoints(run_dir)
+    if not files:
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    if not path.is_file():
-        raise FileNotFoundError(f"{pointer}: points to {path.name}, which does not exist")
-    return path
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line, each with ``step``; flushed line by line."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._file = None
-
-    def truncate_after(self, step: int) -> None:
-        """Keep only the records with ``step <= step`` (and drop a torn last line from a crash)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record.get("step", 0) <= step:
-                kept.append(line)
-        atomic_write_bytes(self.path, lambda f: f.write("".join(k + "\n" for k in kept).encode()))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    pointed = read_pointer(checkpoint_dir(run_dir))
+    order = sorted(files, key=lambda p: (p.name == pointed, checkpoint_step(p)), reverse=True)
+    if pointed is None:  # a save killed between its file and the pointer leaves the pointer one behind: fine
+        warnings.warn(f"{checkpoint_dir(run_dir) / 'latest'}: missing or naming no checkpoint file; using the "
+                      f"newest, {order[0].name}", RunRecoveryWarning, stacklevel=2)
+    failures = []
+    for path in order:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:  # a torn or foreign file: any unpickling error
+            failures.append(f"{path.name} ({type(err).__name__})")
+            warnings.warn(f"{path}: does not load ({err}); trying an older checkpoint", RunRecoveryWarning,
+                          stacklevel=2)
+            continue
+        if not isinstance(state, dict) or state.get("step") != checkpoint_step(path):
+            failures.append(f"{path.name} (not this project's checkpoint of step {checkpoint_step(path)})")
+            continue
+        return path, state
+    raise RunFileError(f"{checkpoint_dir(run_dir)}: no checkpoint loads ({', '.join(failures)}); the run cannot be "
+                       "continued. Start it again in a new --out directory.")

@@ -2,22 +2,38 @@
 
 The loop calls, in order: ``setup`` once; per iteration ``sampling_mask_model`` (NLPO) before the rollout;
 ``extra_loss`` inside each optimizer step (multitask); ``on_optimizer_step`` after each optimizer step;
-``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A new
-method is a new subclass and one line in :data:`METHOD_CLASSES`, not flags scattered through the loop.
+``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A method
+sees the trainer only through :class:`PolicyHandle` (the policy, its optimizer, the task's pretraining text and an
+NLL function), given at ``setup``. A new method is a new subclass and one line in :data:`METHOD_CLASSES`, not flags
+scattered through the loop.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from elastic_reset.core import ElasticReset, ResetEvent
+from elastic_reset.errors import ConfigError
 from elastic_reset.rl.config import MethodConfig
 
-if TYPE_CHECKING:
-    from elastic_reset.rl.trainer import RLTrainer
+
+@dataclass
+class PolicyHandle:
+    """What a drift-control method may touch of a training run."""
+
+    model: torch.nn.Module
+    """The policy being trained (with LoRA: the peft model; its trainable parameters are the adapters)."""
+    optimizer: torch.optim.Optimizer
+    """The policy's optimizer (a reset may clear its state for the reset weights)."""
+    pretrain_texts: list[str]
+    """The task's pretraining text (multitask / S2P); may be empty."""
+    lm_loss: Callable[[list[str]], torch.Tensor]
+    """Mean token NLL of texts under the policy, with grad."""
 
 
 class DriftMethod:
@@ -31,22 +47,23 @@ class DriftMethod:
     def __init__(self, config: MethodConfig):
         self.config = config
 
-    def setup(self, trainer: RLTrainer) -> None:
+    def setup(self, policy: PolicyHandle) -> None:
         pass
 
     def sampling_mask_model(self) -> torch.nn.Module | None:
         return None
 
-    def extra_loss(self, trainer: RLTrainer) -> tuple[torch.Tensor, dict[str, float]] | None:
+    def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]] | None:
         return None
 
-    def on_optimizer_step(self, trainer: RLTrainer) -> None:
+    def on_optimizer_step(self) -> None:
         pass
 
-    def on_epoch_end(self, trainer: RLTrainer) -> None:
+    def on_epoch_end(self) -> None:
         pass
 
-    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+    def on_iteration_end(self, step: int) -> dict[str, Any]:
+        """Called after iteration ``step`` (1-based); returns entries for its metrics record."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -74,23 +91,23 @@ class EMAReset(KLPenalty):
 
     MODE = {"elastic_reset": "elastic", "reset_to_ema": "ema", "reset_to_init": "init", "ema_only": "none"}
 
-    def setup(self, trainer: RLTrainer) -> None:
+    def setup(self, policy: PolicyHandle) -> None:
         c = self.config
         self.ema = ElasticReset(
-            trainer.model, decay=c.decay, mode=self.MODE[c.name],
+            policy.model, decay=c.decay, mode=self.MODE[c.name],
             reset_every=None if c.name == "ema_only" else c.reset_every,
-            optimizer=trainer.optimizer, reset_optimizer_state=c.reset_optimizer,
+            optimizer=policy.optimizer, reset_optimizer_state=c.reset_optimizer,
         )
 
-    def on_optimizer_step(self, trainer: RLTrainer) -> None:
+    def on_optimizer_step(self) -> None:
         if self.config.ema_update == "step":
             self.ema.update()
 
-    def on_epoch_end(self, trainer: RLTrainer) -> None:
+    def on_epoch_end(self) -> None:
         if self.config.ema_update == "epoch":
             self.ema.update()
 
-    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+    def on_iteration_end(self, step: int) -> dict[str, Any]:
         event: ResetEvent | None = self.ema.step(update_ema=self.config.ema_update == "iteration")
         if event is None:
             return {}
@@ -108,25 +125,24 @@ class NLPO(KLPenalty):
     top-p set of a delayed *mask model*, which starts as the initial policy and is set to the current policy
     every ``nlpo_update_every`` iterations. The update uses the same masked distribution."""
 
-    def setup(self, trainer: RLTrainer) -> None:
-        self.mask_model = copy.deepcopy(trainer.model)
+    def setup(self, policy: PolicyHandle) -> None:
+        self.mask_model = copy.deepcopy(policy.model)
         self.mask_model.requires_grad_(False)
         self.mask_model.eval()
-        self._targets = [p for _, p in self._trainable(self.mask_model, trainer.model)]
-
-    @staticmethod
-    def _trainable(mask_model, model):
-        mask_params = dict(mask_model.named_parameters())
-        return [(n, mask_params[n]) for n, p in model.named_parameters() if p.requires_grad]
+        # The policy's trainable tensors and their twins in the mask model, in the same order.
+        mask_params = dict(self.mask_model.named_parameters())
+        named = [(n, p) for n, p in policy.model.named_parameters() if p.requires_grad]
+        self._sources = [p for _, p in named]
+        self._targets = [mask_params[n] for n, _ in named]
 
     def sampling_mask_model(self) -> torch.nn.Module:
         return self.mask_model
 
-    def on_iteration_end(self, trainer: RLTrainer, step: int) -> dict[str, Any]:
+    def on_iteration_end(self, step: int) -> dict[str, Any]:
         if step % self.config.nlpo_update_every:
             return {}
         with torch.no_grad():
-            torch._foreach_copy_(self._targets, [p.detach() for p in trainer.trainable_params])
+            torch._foreach_copy_(self._targets, [p.detach() for p in self._sources])
         return {"nlpo/mask_update": 1}
 
     def state_dict(self) -> dict[str, Any]:
@@ -141,18 +157,18 @@ class Multitask(KLPenalty):
     """Multitask / S2P: a supervised NLL loss on pretraining text, weight λ, added to each optimizer step's loss
     (the paper's Translation Game baseline; Lowe et al. 2021 call it S2P)."""
 
-    def setup(self, trainer: RLTrainer) -> None:
-        texts = trainer.task.pretrain_texts
-        if not texts:
-            raise ValueError(f"method.name=multitask: task {trainer.task.name!r} has no pretrain_texts")
-        self.texts = texts
+    def setup(self, policy: PolicyHandle) -> None:
+        if not policy.pretrain_texts:
+            raise ConfigError("method.name: multitask needs pretraining text, and this task has no pretrain_texts")
+        self.texts = list(policy.pretrain_texts)
+        self.lm_loss = policy.lm_loss
         self.position = 0
 
-    def extra_loss(self, trainer: RLTrainer) -> tuple[torch.Tensor, dict[str, float]]:
+    def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]]:
         n = self.config.multitask_batch
         batch = [self.texts[(self.position + i) % len(self.texts)] for i in range(n)]
         self.position = (self.position + n) % len(self.texts)
-        nll = trainer.lm_loss(batch)
+        nll = self.lm_loss(batch)
         return self.config.multitask_coef * nll, {"multitask/nll": float(nll.detach())}
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,10 +30,8 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "MovingAverageBaseline",
-    "entropy_from_logits",
     "gae",
     "kl_estimate",
-    "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -46,11 +44,6 @@ __all__ = [
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """The per-token KL estimators :func:`kl_estimate` knows (Schulman, "Approximating KL divergence", 2020)."""
-
-# logprobs_from_logits upcasts half-precision logits to fp32 this many elements at a time (64 MiB of fp32), so
-# the fp32 copy of a [B, T, V] tensor never exists all at once in the forward pass.
-_LOGPROB_CHUNK_ELEMS = 1 << 24
-
 
 # --------------------------------------------------------------------------------------------------- helpers
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -401,50 +394,6 @@ def value_loss(
     with torch.no_grad():
         stats = {"vf_clipfrac": masked_mean((losses_clipped > losses).float(), m)}
     return loss, stats
-
-
-# ------------------------------------------------------------------------------------------ logits helpers
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax over the last dim, per position: H = −Σ_v p_v log p_v with log p = z − logsumexp(z).
-
-    Computed in fp32 (bf16 input is upcast). Logits of −inf (vocabulary masked out, e.g. NLPO's top-p mask)
-    contribute 0, with finite gradients (their 0·(−inf) is replaced before it is formed).
-    """
-    z = _float(logits)
-    logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
-    p = torch.exp(logp)
-    # masked_fill (not where after the product): the product's backward would see 0·(−inf) = NaN.
-    return -(p * logp.masked_fill(torch.isneginf(logp), 0.0)).sum(dim=-1)
-
-
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[..., labels]: the log-probability of each label, shape ``labels.shape``, fp32.
-
-    ``logits[..., t, :]`` must be the distribution that produced ``labels[..., t]`` (for a causal LM the caller
-    shifts: the logits at position i predict token i + 1). Labels must be valid token ids everywhere, padding
-    included (use the pad id, not −100; mask the result instead). Any sampling temperature must already be
-    applied to the logits (lm-human-preferences divides them by it).
-
-    Memory: fp32 logits are handled in one go (log_softmax, then gather). Half-precision logits are upcast in
-    chunks of rows, so that the full fp32 copy of a [B, T, V] tensor is never alive at once in the forward pass.
-    """
-    if labels.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"labels: shape {tuple(labels.shape)} does not match logits' leading shape {tuple(logits.shape[:-1])}"
-        )
-    if logits.dtype not in (torch.float16, torch.bfloat16):
-        logp = torch.log_softmax(_float(logits), dim=-1)
-        return torch.gather(logp, -1, labels.unsqueeze(-1)).squeeze(-1)
-    vocab = logits.shape[-1]
-    flat_logits = logits.reshape(-1, vocab)
-    flat_labels = labels.reshape(-1)
-    rows = max(1, _LOGPROB_CHUNK_ELEMS // max(vocab, 1))
-    pieces = []
-    for start in range(0, flat_logits.shape[0], rows):
-        chunk = torch.log_softmax(flat_logits[start : start + rows].float(), dim=-1)
-        pieces.append(torch.gather(chunk, -1, flat_labels[start : start + rows].unsqueeze(-1)).squeeze(-1))
-    out = torch.cat(pieces) if pieces else flat_logits.new_empty(0, dtype=torch.float32)
-    return out.reshape(labels.shape)
 
 
 # ------------------------------------------------------------------------------------ RLOO and REINFORCE

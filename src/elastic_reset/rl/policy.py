@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from elastic_reset.errors import ConfigError
 from elastic_reset.rl.config import ModelConfig
 
 
@@ -48,7 +49,7 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     2.5x slower for a teacher-forced SmolLM2 forward here (1.58 s vs 0.64 s for 16 × 42 tokens): the residual
     stream, norms and rotary embeddings then run in bf16, which this CPU does slowly, while autocast only needs
     the matmuls in bf16. The trainer gives the frozen linear weights bf16 copies once per run instead
-    (``precast_weights``), and the sampler packs them for oneDNN (``cpu_bf16.packed_linears``)."""
+    (``precast_weights``), and the sampler packs them for oneDNN (``lm.cpu_bf16.packed_linears``)."""
     from elastic_reset import models
 
     if config.name in ("tiny-llama", "tiny-gpt2"):
@@ -62,17 +63,21 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
 
         # imdb-gpt2 is a folder that `elastic-reset build-policy imdb` wrote into the cache.
         name = str(models.imdb_policy_path()) if config.name == "imdb-gpt2" else config.name
-        hf_config = AutoConfig.from_pretrained(name)
-        cls = AutoModelForSeq2SeqLM if hf_config.is_encoder_decoder else AutoModelForCausalLM
-        model = cls.from_pretrained(name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        try:
+            hf_config = AutoConfig.from_pretrained(name)
+            cls = AutoModelForSeq2SeqLM if hf_config.is_encoder_decoder else AutoModelForCausalLM
+            model = cls.from_pretrained(name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as err:  # not a folder, not reachable on the hub, not a model
+            raise ConfigError(f"model.name: cannot load {config.name!r}: not one of tiny-llama, tiny-gpt2, "
+                              f"smollm2, imdb-gpt2, and from_pretrained failed ({str(err).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
-        raise ValueError(
+        raise ConfigError(
             f"model.name={config.name!r}: the tokenizer has no pad token; batched sampling needs one "
             "(e.g. set tokenizer.pad_token = tokenizer.eos_token in a wrapper, or pick a tokenizer that has one)"
         )
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"model.name={config.name!r}: the tokenizer has no eos token")
+        raise ConfigError(f"model.name={config.name!r}: the tokenizer has no eos token")
     if not model.config.is_encoder_decoder:
         tokenizer.padding_side = "left"  # decoder-only sampling continues from the right edge
     if config.lora is not None:

@@ -11,6 +11,7 @@ import json
 import math
 import random
 import time
+import warnings
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,21 +19,44 @@ from typing import Any, Iterator
 import torch
 import yaml
 
+from elastic_reset.errors import (
+    NonFiniteError,
+    RewardError,
+    RunFileError,
+    RunRecoveryWarning,
+)
 from elastic_reset.evaluation.drift import perplexity, token_nll
+from elastic_reset.io import MetricsLog, atomic_write_text, remove_stale_temps
+from elastic_reset.lm.cpu_bf16 import (
+    precast_weights,
+    release_packed_linears,
+    use_fp32_attention,
+)
+from elastic_reset.lm.scoring import forward_response
 from elastic_reset.rl import ops
-from elastic_reset.rl.checkpoint import (MetricsLog, atomic_write_bytes, latest_checkpoint, load_checkpoint,
-                                         save_checkpoint)
-from elastic_reset.rl.config import ConfigError, TrainConfig, check_same_run, config_to_dict
-from elastic_reset.rl.cpu_bf16 import release_packed_linears, use_fp32_attention
-from elastic_reset.rl.methods import build_method
-from elastic_reset.rl.policy import (Reference, ValueHead, autocast_dtype, context_length,
-                                     load_model_and_tokenizer, trainable_named_parameters)
-from elastic_reset.rl.rollout import Rollout, SamplingConfig, forward_response, precast_weights, sample
+from elastic_reset.rl.checkpoint import (
+    checkpoint_dir,
+    list_checkpoints,
+    load_latest,
+    save_checkpoint,
+)
+from elastic_reset.rl.config import (
+    ConfigError,
+    TrainConfig,
+    check_same_run,
+    config_to_dict,
+)
+from elastic_reset.rl.methods import PolicyHandle, build_method
+from elastic_reset.rl.policy import (
+    Reference,
+    ValueHead,
+    autocast_dtype,
+    context_length,
+    load_model_and_tokenizer,
+    trainable_named_parameters,
+)
+from elastic_reset.rl.sampling import Rollout, sample
 from elastic_reset.tasks import Task, get_task
-
-
-class RewardError(ValueError):
-    """The reward function returned something that is not one finite number per completion."""
 
 
 class RLTrainer:
@@ -43,6 +67,8 @@ class RLTrainer:
         out_dir: the run directory. It must not hold a run already unless ``resume=True``.
         task: the task; by default ``config.task`` is looked up in the task registry.
         resume: continue from the latest checkpoint in ``out_dir`` (from scratch if it has none yet).
+
+    Nothing is written to ``out_dir`` until the set-up has succeeded, so a set-up error leaves no run behind.
     """
 
     def __init__(self, config: TrainConfig, out_dir: str | Path, *, task: Task | None = None,
@@ -60,11 +86,6 @@ class RLTrainer:
         self.autocast_dtype = autocast_dtype(config.model.autocast)
         self.device = next(self.model.parameters()).device
         use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
-        self.sampling = SamplingConfig(
-            max_new_tokens=config.sampling.max_new_tokens, min_new_tokens=config.sampling.min_new_tokens,
-            temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
-            merge_lora=config.sampling.merge_lora,
-        )
         self._check_task_inputs()
 
         self.reference = Reference(self.model, self.is_lora)
@@ -79,7 +100,7 @@ class RLTrainer:
                        if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
         self.baseline = ops.MovingAverageBaseline(config.algo.baseline_decay)
         self.method = build_method(config.method)
-        self.method.setup(self)
+        self.method.setup(PolicyHandle(self.model, self.optimizer, list(self.task.pretrain_texts), self.lm_loss))
         # Before any resume: the model still holds the initial weights here.
         self.reference_texts = self._reference_texts()
 
@@ -90,6 +111,7 @@ class RLTrainer:
         self._tb = None
         if resume:
             self._resume()
+        self._write_config()
 
     def _cast_frozen_weights(self) -> None:
         """Under bf16 autocast, cast the weights that never change (a LoRA base, the reference copy) to bf16 once,
@@ -116,15 +138,27 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------------ set-up checks
     def _prepare_run_dir(self, resume: bool) -> None:
+        """Refuse what would overwrite or mix runs; write nothing (``_write_config`` does, once set up)."""
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise FileExistsError(f"{self.out_dir}: exists and is not a directory; choose another --out")
         config_path = self.out_dir / "config.yaml"
-        resolved = config_to_dict(self.config)
-        if config_path.exists():
-            if not resume:
-                raise FileExistsError(f"{self.out_dir}: already holds a run; pass --resume to continue it, "
-                                      "or choose another --out")
-            check_same_run(config_path, self.config)
+        holds_run = config_path.exists() or (self.out_dir / "metrics.jsonl").exists() \
+            or bool(list_checkpoints(self.out_dir))
+        if holds_run and not resume:
+            raise FileExistsError(f"{self.out_dir}: already holds a run; pass --resume to continue it, "
+                                  "or choose another --out")
+        if not holds_run:
+            return
+        if not config_path.is_file():
+            raise RunFileError(f"{config_path}: missing, but {self.out_dir} holds a run (metrics.jsonl or "
+                               "checkpoints), so it cannot be checked that --resume continues the same run; "
+                               "restore the file, or start again in another --out")
+        check_same_run(config_path, self.config)
+
+    def _write_config(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        atomic_write_text(self.out_dir / "config.yaml",
+                          yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
 
     def _check_task_inputs(self) -> None:
         ctx = context_length(self.model)
@@ -169,7 +203,7 @@ class RLTrainer:
     def _sample_eval(self, prompts: list[str], generator: torch.Generator) -> Rollout:
         """One response per prompt with the training sampling settings, from ``generator`` (evaluation's draws)."""
         query_ids, query_mask = self._encode(prompts)
-        return sample(self.model, query_ids, query_mask, self.sampling, pad_token_id=self.tokenizer.pad_token_id,
+        return sample(self.model, query_ids, query_mask, self.config.sampling, pad_token_id=self.tokenizer.pad_token_id,
                       eos_token_id=self.tokenizer.eos_token_id, generator=generator,
                       autocast_dtype=self.autocast_dtype)
 
@@ -220,8 +254,8 @@ class RLTrainer:
                 # The prompt as the model saw it (truncated to max_prompt_tokens), then what it wrote.
                 texts.extend(p + c for p, c in zip(self._decode(r.query_ids, r.query_mask),
                                                    self._decode(r.response_ids, r.response_mask)))
-        payload = json.dumps(texts, indent=1, ensure_ascii=False) + "\n"
-        atomic_write_bytes(path, lambda f: f.write(payload.encode()))
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(texts, indent=1, ensure_ascii=False) + "\n")
         return texts
 
     # -------------------------------------------------------------------------------------------- the model
@@ -238,7 +272,7 @@ class RLTrainer:
     def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True,
                  entropy: bool = False, entropy_grad: bool = False):
         return forward_response(
-            model, rollout, temperature=self.sampling.temperature, autocast_dtype=self.autocast_dtype,
+            model, rollout, temperature=self.config.sampling.temperature, autocast_dtype=self.autocast_dtype,
             return_hidden=hidden, action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
             compute_entropy=entropy or entropy_grad,
         )
@@ -259,7 +293,7 @@ class RLTrainer:
         # 1. Rollout: sample k completions per prompt (NLPO: only inside the mask model's top-p set).
         prompts = [p for p in self._next_prompts() for _ in range(k)]
         query_ids, query_mask = self._encode(prompts)
-        rollout = sample(self.model, query_ids, query_mask, self.sampling,
+        rollout = sample(self.model, query_ids, query_mask, self.config.sampling,
                          pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                          generator=self.generator, mask_model=self.method.sampling_mask_model(),
                          mask_top_p=c.method.nlpo_top_p, min_tokens_to_keep=c.method.nlpo_min_tokens,
@@ -316,7 +350,7 @@ class RLTrainer:
         stats: dict[str, list[float]] = {}
         if fused:
             self._update(rollout, mask, advantages, old_logp, old_values, returns, stats, out=out)
-            self.method.on_epoch_end(self)
+            self.method.on_epoch_end()
         else:
             for _ in range(c.algo.epochs if c.algo.name == "ppo" else 1):
                 order = torch.randperm(n, generator=self.generator)
@@ -325,7 +359,7 @@ class RLTrainer:
                     self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
                                  None if old_values is None else old_values[idx],
                                  None if returns is None else returns[idx], stats)
-                self.method.on_epoch_end(self)
+                self.method.on_epoch_end()
         times["update"] = time.perf_counter() - t
 
         # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
@@ -342,7 +376,7 @@ class RLTrainer:
             "dropped": int((~keep).sum()),
         }
         record.update({key: sum(v) / len(v) for key, v in stats.items()})
-        record.update(self.method.on_iteration_end(self, self.step))
+        record.update(self.method.on_iteration_end(self.step))
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         return record
 
@@ -388,19 +422,35 @@ class RLTrainer:
         st["entropy"] = float(entropy.detach())
         if c.entropy_coef:
             loss = loss - c.entropy_coef * entropy
-        extra = self.method.extra_loss(self)
+        extra = self.method.extra_loss()
         if extra is not None:
             loss = loss + extra[0]
             st.update(extra[1])
         self.optimizer.zero_grad(set_to_none=True)
+        self._check_finite("loss", loss)
         loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         if c.max_grad_norm is not None:
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            st["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        self._check_finite("gradient norm", grad_norm)
+        st["grad_norm"] = float(grad_norm)
         self.optimizer.step()
-        self.method.on_optimizer_step(self)
+        self.method.on_optimizer_step()
         for key, value in st.items():
             stats.setdefault(key, []).append(float(value))
+
+    def _check_finite(self, what: str, value: torch.Tensor) -> None:
+        """Stop before a NaN/inf reaches the weights: the last checkpoint on disk stays the last good state."""
+        if torch.isfinite(value).all():
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        saved = list_checkpoints(self.out_dir)
+        raise NonFiniteError(
+            f"step {self.step + 1}: the {what} of the policy update is {value.item()}; the run stopped without "
+            "applying it. " + (f"Its last good state is {saved[-1]}." if saved else "No checkpoint was written yet.")
+            + " Lower algo.lr (or set algo.max_grad_norm) and start again in another --out")
 
     # ------------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -484,11 +534,38 @@ class RLTrainer:
         return save_checkpoint(self.out_dir, self.step, self.state_dict(), keep=self.config.keep_checkpoints)
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.out_dir)
-        if path is None:  # killed before its first checkpoint: start over, dropping partial metrics
+        """Continue from the newest checkpoint that loads, and cut ``metrics.jsonl`` back to its step (the
+        resumed run writes the later records again). A run directory that cannot be continued exactly (metrics
+        behind the checkpoint, checkpoints lost after they were written) stops with an error naming the file;
+        it never restarts from step 0 over existing results."""
+        stale = remove_stale_temps(self.out_dir) + remove_stale_temps(checkpoint_dir(self.out_dir))
+        if stale:
+            warnings.warn(f"{self.out_dir}: removed {len(stale)} temporary file(s) left by a killed save "
+                          f"({', '.join(p.name for p in stale)})", RunRecoveryWarning, stacklevel=3)
+        metrics_path = self.metrics.path
+        records = self.metrics.records()
+        last = max((r["step"] for r in records), default=None)
+        found = load_latest(self.out_dir)
+        if found is None:
+            first = self.config.checkpoint_every or self.config.steps
+            if last is not None and last >= first:
+                raise RunFileError(
+                    f"{checkpoint_dir(self.out_dir)}: no checkpoint, but {metrics_path} has records up to step "
+                    f"{last} and the first checkpoint is written at step {first}: the checkpoints were lost. "
+                    f"Start again in another --out (or delete {self.out_dir} to train it again from step 0)")
+            if records:
+                warnings.warn(f"{self.out_dir}: killed before its first checkpoint (step {first}); starting again "
+                              f"from step 0 and dropping the {len(records)} record(s) written so far",
+                              RunRecoveryWarning, stacklevel=3)
             self.metrics.truncate_after(-1)
             return
-        self.load_state_dict(load_checkpoint(path))
+        path, state = found
+        self.load_state_dict(state)
+        if last is None or last < self.step:
+            raise RunFileError(
+                f"{metrics_path}: " + ("missing" if last is None else f"ends at step {last}")
+                + f", behind the checkpoint {path.name}: the records up to step {self.step} are lost and a resumed "
+                "run would not rewrite them. Restore the file, or start again in another --out")
         self.metrics.truncate_after(self.step)
 
     # ---------------------------------------------------------------------------------------------- the run

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from elastic_reset.errors import ConfigError, DataFileError
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 """``reward_fn(prompts, completions) -> one float per completion`` (TRL's reward-function convention)."""
@@ -31,10 +34,10 @@ class Task:
         for key in ("train_prompts", "eval_prompts", "reference_texts"):
             items = getattr(self, key)
             if not items:
-                raise ValueError(f"task {self.name!r}: {key} is empty")
+                raise DataFileError(f"task {self.name!r}: {key} is empty")
             bad = [i for i, t in enumerate(items) if not isinstance(t, str) or not t.strip()]
             if bad:
-                raise ValueError(f"task {self.name!r}: {key}[{bad[0]}] is empty or not a string "
+                raise DataFileError(f"task {self.name!r}: {key}[{bad[0]}] is empty or not a string "
                                  f"({len(bad)} such item(s))")
 
 
@@ -44,19 +47,21 @@ _REGISTRY: dict[str, Callable[..., Task]] = {}
 def register_task(name: str):
     """Decorator: ``@register_task("imdb")`` on a factory ``(data_dir=None, **options) -> Task``."""
     def wrap(factory):
+        if name in _REGISTRY and _REGISTRY[name] is not factory:
+            raise ValueError(f"task {name!r} is registered twice ({_REGISTRY[name].__module__}, {factory.__module__})")
         _REGISTRY[name] = factory
         return factory
     return wrap
 
 
 def get_task(name: str, data_dir: str | None = None, **options: Any) -> Task:
-    import elastic_reset.tasks.imdb  # noqa: F401  (each module registers its tasks)
-    import elastic_reset.tasks.toy  # noqa: F401
-    import elastic_reset.tasks.vader  # noqa: F401
-
+    """Build the registered task ``name``. The tasks that ship with the package register themselves when
+    :mod:`elastic_reset.tasks` is imported; a task of your own registers when its module is imported."""
     if name not in _REGISTRY:
-        raise ValueError(f"task.name: unknown task {name!r} (known: {', '.join(sorted(_REGISTRY))})")
+        raise ConfigError(f"task.name: unknown task {name!r} (known: {', '.join(sorted(_REGISTRY))})")
+    factory = _REGISTRY[name]
     try:
-        return _REGISTRY[name](data_dir=data_dir, **options)
+        inspect.signature(factory).bind(data_dir=data_dir, **options)
     except TypeError as err:
-        raise ValueError(f"task.options: {err}") from None
+        raise ConfigError(f"task.options: {err} (task {name!r})") from None
+    return factory(data_dir=data_dir, **options)

@@ -29,6 +29,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from elastic_reset.errors import ConfigError, DataFileError
 from elastic_reset.tasks.base import Task, register_task
 
 REWARD_MODEL_DIRNAME = "imdb-sentiment-minilm"
@@ -75,7 +76,7 @@ def _read_jsonl(path: Path) -> tuple[tuple[str, int], ...]:
                 row = json.loads(line)
                 text, label = row["text"], int(row["label"])
             except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{line_no}: expected a JSON object with \"text\" and \"label\" "
+                raise DataFileError(f"{path}:{line_no}: expected a JSON object with \"text\" and \"label\" "
                                  f"({err})") from None
             rows.append((clean_review(text), label))
     return tuple(rows)
@@ -85,7 +86,7 @@ def load_imdb(data_dir: str | os.PathLike | None, split: str) -> list[tuple[str,
     """``[(cleaned review, label)]`` of the ``train`` or ``test`` split, in file order (all negative, then all
     positive: shuffle before taking a prefix). ``data_dir=None``: the Hugging Face ``imdb`` dataset."""
     if split not in ("train", "test"):
-        raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
+        raise ConfigError(f"split: expected 'train' or 'test', got {split!r}")
     if data_dir is None:
         return _load_hf(split)
     path = _split_file(data_dir, split)
@@ -119,7 +120,7 @@ def _count(name: str, value: int | None, available: int) -> int:
     if value is None:
         return available
     if not isinstance(value, int) or value < 1:
-        raise ValueError(f"task.options.{name}: expected a positive integer, got {value!r}")
+        raise ConfigError(f"task.options.{name}: expected a positive integer, got {value!r}")
     return min(value, available)
 
 
@@ -135,7 +136,7 @@ def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_tr
     from elastic_reset.rewards.classifier import SentimentReward
 
     if max_prompt_words is not None and (not isinstance(max_prompt_words, int) or max_prompt_words < 1):
-        raise ValueError(f"task.options.max_prompt_words: expected a positive integer, got {max_prompt_words!r}")
+        raise ConfigError(f"task.options.max_prompt_words: expected a positive integer, got {max_prompt_words!r}")
     train = shuffled(load_imdb(data_dir, "train"), seed, "imdb-train")
     test = shuffled(load_imdb(data_dir, "test"), seed, "imdb-test")
     path = Path(reward_model) if reward_model is not None else default_reward_model_path()

@@ -6,6 +6,7 @@ Needs no dataset. The prompts, the held-out reference sentences (for perplexity)
 
 from __future__ import annotations
 
+from elastic_reset.errors import ConfigError
 from elastic_reset.rewards.vader import vader_positive
 from elastic_reset.tasks.base import Task, register_task
 
@@ -99,7 +100,7 @@ PRETRAIN_TEXTS = [
 def vader_task(data_dir: str | None = None, eval_fraction: float = 0.25) -> Task:
     """Prompts split into train / validation; reward is VADER positivity in [0, 1]."""
     if not 0 < eval_fraction < 1:
-        raise ValueError(f"task.options.eval_fraction: expected in (0, 1), got {eval_fraction}")
+        raise ConfigError(f"task.options.eval_fraction: expected in (0, 1), got {eval_fraction}")
     n_eval = max(1, int(len(PROMPTS) * eval_fraction))
     return Task(
         name="vader",

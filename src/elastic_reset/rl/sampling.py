@@ -1,4 +1,4 @@
-"""Rollouts: sample responses from a policy with a KV cache, and re-score them in one teacher-forced pass.
+"""Sampling: draw responses from a policy with a KV cache, recording what the RL update needs.
 
 :func:`sample` is a hand-written sampling loop (not ``model.generate``): one prefill forward over the prompts, then
 one single-token forward per new token against the model's own KV cache, under ``torch.inference_mode()`` and,
@@ -8,18 +8,11 @@ mask of every step. It works for decoder-only models (left-padded prompts; posit
 mask, so padding never shifts positions) and for encoder-decoder models (the encoder runs once; the decoder starts
 from ``config.decoder_start_token_id`` and caches its own keys and values).
 
-:func:`forward_response` is the matching teacher-forced forward (with grad, for the PPO / REINFORCE update): for a
-model without dropout its ``logprobs`` equal :attr:`Rollout.logprobs` (fp32; bf16 autocast agrees to bf16 noise).
-
-Which distribution the log-probs are under, exactly:
-
-- :attr:`Rollout.logprobs` is ``log softmax(logits / T)`` at the sampled token: the policy at temperature T,
-  **before** any truncation: no min-new-tokens EOS suppression, no top-k, no top-p, no NLPO mask. That is the
-  distribution :func:`forward_response` reproduces and the one the policy gradient and the KL penalty are taken on
-  (as in TRL and RL4LMs, whose PPO log-probs ignore the sampling warpers).
-- :attr:`Rollout.masked_logprobs` (NLPO only) is the same with the logits outside the mask model's top-p set
-  set to −inf: the masked distribution NLPO optimises (RL4LMs' maskable categorical);
-  ``forward_response(..., action_mask=rollout.action_mask)`` reproduces it.
+:attr:`Rollout.logprobs` is ``log softmax(logits / T)`` at the sampled token: the policy at temperature T,
+**before** any truncation: no min-new-tokens EOS suppression, no top-k, no top-p, no NLPO mask. That is the
+distribution :func:`elastic_reset.lm.scoring.forward_response` reproduces teacher-forced, and the one the policy
+gradient and the KL penalty are taken on (as in TRL and RL4LMs, whose PPO log-probs ignore the sampling warpers).
+NLPO's masked distribution is recovered by ``forward_response(..., action_mask=rollout.action_mask)``.
 
 The sampling itself follows Hugging Face's processors and warpers in their order: EOS suppression before
 ``min_new_tokens`` → NLPO mask → temperature → top-k → top-p → a draw from the caller's generator
@@ -30,86 +23,30 @@ CPU cost).
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
 
-from elastic_reset.rl.cpu_bf16 import packed_linears
+from elastic_reset.lm.cpu_bf16 import packed_linears, precast_weights
+from elastic_reset.lm.scoring import (
+    NEG_INF,
+    accepts_logits_to_keep,
+    autocast,
+    check_query,
+    decoder_start_id,
+    is_encoder_decoder,
+    position_ids_from_mask,
+    unwrap_model,
+)
+from elastic_reset.rl.config import SamplingConfig
 
-__all__ = [
-    "ResponseOutput",
-    "autocast",
-    "Rollout",
-    "SamplingConfig",
-    "forward_response",
-    "position_ids_from_mask",
-    "precast_weights",
-    "sample",
-    "sample_from_logits",
-    "top_k_filter",
-    "top_p_filter",
-    "token_logprobs",
-    "top_p_set",
-]
-
-NEG_INF = float("-inf")
+__all__ = ["Rollout", "SamplingConfig", "sample", "sample_from_logits", "top_k_filter", "top_p_filter", "top_p_set"]
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Configuration and results
 # --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingConfig:
-    """How :func:`sample` draws responses. Impossible values raise ``ValueError`` naming the field."""
-
-    max_new_tokens: int = 48
-    """The most tokens generated per response (the response tensor is as long as the longest response)."""
-    min_new_tokens: int = 0
-    """EOS gets logit −inf for sampling before this many tokens. ``min == max`` gives exactly that many tokens, the
-    paper's IMDB setup (exactly 48). The recorded log-probs ignore this suppression (see the module docstring)."""
-    temperature: float = 1.0
-    """Logits are divided by this before sampling; the recorded log-probs are at this temperature too."""
-    top_k: int = 0
-    """Sample only among the k most likely tokens (ties at the k-th logit kept, as in Hugging Face). 0 = off."""
-    top_p: float = 1.0
-    """Nucleus sampling: only the smallest set of most likely tokens whose probability reaches ``top_p``
-    (Hugging Face's ``TopPLogitsWarper``, at least one token kept). 1.0 = off."""
-    stop_at_eos: bool = True
-    """A response that emitted EOS is finished: later positions hold ``pad_token_id`` with mask 0. False: EOS is an
-    ordinary token and every response is ``max_new_tokens`` long."""
-    merge_lora: bool = False
-    """With bf16 autocast on a CPU (where :func:`~elastic_reset.rl.cpu_bf16.packed_linears` applies): sample with
-    each plain peft LoRA layer's weights merged, W + s·BA rounded to bf16 once per call. Faster; the samples then
-    differ from the unmerged forward's at bf16 rounding level, and so do :attr:`Rollout.logprobs`."""
-
-    def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"SamplingConfig.{name}: {why}, got {getattr(self, name)!r}")
-
-        for name in ("max_new_tokens", "min_new_tokens", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise bad(name, "expected an int")
-        if self.max_new_tokens < 1:
-            raise bad("max_new_tokens", "must be >= 1")
-        if self.min_new_tokens < 0:
-            raise bad("min_new_tokens", "must be >= 0")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise bad("min_new_tokens", f"must be <= max_new_tokens ({self.max_new_tokens})")
-        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
-                or not self.temperature > 0 or self.temperature == float("inf"):
-            raise bad("temperature", "must be a finite number > 0")
-        if self.top_k < 0:
-            raise bad("top_k", "must be >= 0 (0 = off)")
-        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "must be in (0, 1] (1 = off)")
-        for name in ("stop_at_eos", "merge_lora"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "expected a bool")
 
 
 @dataclass
@@ -133,9 +70,6 @@ class Rollout:
     action_mask: torch.Tensor | None = None
     """``[B, Tr, V]`` bool, only when a mask model was used (NLPO): True for the tokens the policy was allowed to
     sample at that position. All True at padding positions (no restriction where nothing was sampled)."""
-    masked_logprobs: torch.Tensor | None = None
-    """``[B, Tr]`` float32, only with a mask model: the sampled token's log-prob under the masked distribution
-    (logits outside ``action_mask`` at −inf, temperature T), what NLPO's PPO ratio uses; 0 at padding."""
 
     def _map(self, fn) -> Rollout:
         return Rollout(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
@@ -160,24 +94,6 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:
         """``[B]`` long: the number of generated tokens in each response (EOS included)."""
         return self.response_mask.sum(-1).long()
-
-
-@dataclass
-class ResponseOutput:
-    """What :func:`forward_response` returns, one entry per response token."""
-
-    logprobs: torch.Tensor
-    """``[B, Tr]`` float32, with grad: log-prob of each response token at temperature T (under the masked
-    distribution if an action mask was given); 0 at padding."""
-    entropy: torch.Tensor
-    """``[B, Tr]`` float32: entropy of the same distribution at each position; 0 at padding. Without grad unless
-    ``entropy_grad=True`` (for an entropy bonus)."""
-    hidden: torch.Tensor | None = None
-    """``[B, Tr, H]``: the last hidden state at the position that PREDICTS each response token, so a value head on
-    it gives V(s_t) for the state before token t. Only with ``return_hidden=True``."""
-    logits: torch.Tensor | None = None
-    """``[B, Tr, V]`` float32 logits (divided by T, masked if an action mask was given). Only with
-    ``return_logits=True``: at B=16, Tr=48 and a 49k vocabulary that is 150 MB."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -249,123 +165,6 @@ def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None =
 # --------------------------------------------------------------------------------------------------------------
 
 
-def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that ignore padding: ``cumsum(mask) − 1`` (padding positions get 1, as Hugging Face does)."""
-    mask = mask.long()
-    return (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-
-
-def _unwrap(model):
-    get_base = getattr(model, "get_base_model", None)  # peft's PeftModel
-    return get_base() if callable(get_base) else model
-
-
-def _is_encoder_decoder(model) -> bool:
-    return bool(getattr(model.config, "is_encoder_decoder", False))
-
-
-_KEEP_CACHE: dict[type, bool] = {}
-
-
-def _accepts_logits_to_keep(model) -> bool:
-    cls = type(_unwrap(model))
-    if cls not in _KEEP_CACHE:
-        try:
-            _KEEP_CACHE[cls] = "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters
-        except (TypeError, ValueError):
-            _KEEP_CACHE[cls] = False
-    return _KEEP_CACHE[cls]
-
-
-def _device_of(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
-def _linear_types() -> tuple[type, ...]:
-    types: tuple[type, ...] = (torch.nn.Linear,)
-    try:  # GPT-2 style models use transformers' Conv1D (an addmm, which autocast casts like a linear)
-        from transformers.pytorch_utils import Conv1D
-
-        types += (Conv1D,)
-    except ImportError:  # pragma: no cover
-        pass
-    return types
-
-
-@contextlib.contextmanager
-def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None = None, skip=frozenset()):
-    """Within the block, the weights and biases of the model's linear layers (``nn.Linear``, transformers'
-    ``Conv1D``) are ``dtype`` copies; the original parameters are put back on exit, even after an error.
-
-    Why: ``torch.autocast`` casts each fp32 weight to bf16 on every forward; it caches the cast only for weights
-    that require grad and only outside ``inference_mode``, so a sampling loop (or any frozen LoRA base) recasts the
-    whole model once per generated token: on CPU that was a third of a SmolLM2 decoding step. Casting once here
-    gives the same numbers under autocast to the same dtype (the linears compute in ``dtype`` either way; embeddings,
-    norms and the residual stream keep their own dtype, since only linear layers are touched, even when the LM head
-    is tied to the embedding).
-
-    ``trainable``: also swap tensors that require grad. The default, None, swaps them only if grad is disabled on
-    entry; with grad, only frozen tensors (``requires_grad=False``, e.g. a LoRA base) may be swapped, or gradients
-    would not reach the trainable parameters. ``skip``: modules left alone. ``dtype=None`` is a no-op. Not for models
-    sharded by FSDP/DeepSpeed.
-    """
-    if dtype is None:
-        yield model
-        return
-    swap_trainable = (not torch.is_grad_enabled()) if trainable is None else trainable
-    casts: dict[int, torch.Tensor] = {}
-    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
-    try:
-        with torch.no_grad():
-            for module in model.modules():
-                if not isinstance(module, _linear_types()) or module in skip:
-                    continue
-                for name in ("weight", "bias"):
-                    param = module._parameters.get(name)
-                    if param is None or not param.is_floating_point() or param.dtype == dtype:
-                        continue
-                    if param.requires_grad and not swap_trainable:
-                        continue
-                    cast = casts.get(id(param))
-                    if cast is None:
-                        cast = casts[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=False)
-                    module._parameters[name] = cast
-                    swapped.append((module, name, param))
-        yield model
-    finally:
-        for module, name, param in reversed(swapped):
-            module._parameters[name] = param
-
-
-def autocast(model, dtype: torch.dtype | None):
-    """``torch.autocast`` to ``dtype`` on the model's device type; a no-op context for ``dtype=None``."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(_device_of(model).type, dtype=dtype)
-
-
-def _decoder_start_id(model) -> int:
-    start = getattr(model.config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
-    if start is None:
-        raise ValueError("encoder-decoder model has no decoder_start_token_id in its config or generation_config")
-    return int(start)
-
-
-def _check_query(model, query_ids: torch.Tensor, query_mask: torch.Tensor) -> None:
-    if query_ids.ndim != 2 or query_mask.shape != query_ids.shape:
-        raise ValueError(f"query_ids and query_mask: expected two [B, Tq] tensors, got shapes "
-                         f"{tuple(query_ids.shape)} and {tuple(query_mask.shape)}")
-    if query_ids.shape[1] == 0 or bool((query_mask.sum(-1) == 0).any()):
-        raise ValueError("query_mask: every prompt needs at least one token (start decoder-only prompts with BOS)")
-    if not _is_encoder_decoder(model) and not bool(query_mask[:, -1].bool().all()):
-        raise ValueError("query_ids: decoder-only prompts must be LEFT-padded (the last column of query_mask is 0)")
-
-
 def _preallocated_cache(model, capacity: int):
     """A ``DynamicCache`` whose layers write into buffers of ``capacity`` positions allocated at the prefill, so a
     decoding step copies one position in instead of concatenating the whole cache (the concatenations were ~4 % of
@@ -397,7 +196,7 @@ def _preallocated_cache(model, capacity: int):
             return self.keys, self.values
 
     try:
-        cache = DynamicCache(config=_unwrap(model).config)
+        cache = DynamicCache(config=unwrap_model(model).config)
     except (TypeError, ValueError, AttributeError):  # pragma: no cover - an older or unusual config
         return None
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
@@ -423,7 +222,7 @@ class _DecoderStepper:
         self.t = 0
 
     def prefill(self) -> torch.Tensor:
-        extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(self.model) else {}
+        extra = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
         with autocast(self.model, self.autocast_dtype):
             out = self.model(input_ids=self.query_ids,
                              attention_mask=self.attn[:, : self.tq] if self.padded else None,
@@ -453,7 +252,7 @@ class _Seq2SeqStepper:
         self.encoder_outputs = None
 
     def prefill(self) -> torch.Tensor:
-        start = torch.full((self.query_ids.shape[0],), _decoder_start_id(self.model), dtype=torch.long,
+        start = torch.full((self.query_ids.shape[0],), decoder_start_id(self.model), dtype=torch.long,
                            device=self.query_ids.device)
         with autocast(self.model, self.autocast_dtype):
             self.encoder_outputs = self.model.get_encoder()(input_ids=self.query_ids, attention_mask=self.query_mask,
@@ -469,7 +268,7 @@ class _Seq2SeqStepper:
 
 
 def _stepper(model, query_ids, query_mask, max_new_tokens, autocast_dtype):
-    cls = _Seq2SeqStepper if _is_encoder_decoder(model) else _DecoderStepper
+    cls = _Seq2SeqStepper if is_encoder_decoder(model) else _DecoderStepper
     return cls(model, query_ids, query_mask, max_new_tokens, autocast_dtype)
 
 
@@ -516,8 +315,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
         raise ValueError(f"mask_top_p: must be in (0, 1], got {mask_top_p!r}")
     if min_tokens_to_keep < 1:
         raise ValueError(f"min_tokens_to_keep: must be >= 1, got {min_tokens_to_keep!r}")
-    _check_query(model, query_ids, query_mask)
-    if mask_model is not None and _is_encoder_decoder(mask_model) != _is_encoder_decoder(model):
+    check_query(model, query_ids, query_mask)
+    if mask_model is not None and is_encoder_decoder(mask_model) != is_encoder_decoder(model):
         raise ValueError("mask_model: must be of the same kind (decoder-only or encoder-decoder) as the policy")
 
     device = query_ids.device
@@ -539,7 +338,7 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
         tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
         active_mask = torch.zeros(batch, max_new, dtype=torch.bool, device=device)
         logprobs = torch.zeros(batch, max_new, dtype=torch.float32, device=device)
-        masked_logprobs = action_mask = None
+        action_mask = None
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
         logits = policy.prefill()
@@ -549,7 +348,6 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             if mask_logits.shape[-1] != vocab:
                 raise ValueError(f"mask_model: vocabulary size {mask_logits.shape[-1]} differs from the "
                                  f"policy's {vocab}")
-            masked_logprobs = torch.zeros(batch, max_new, dtype=torch.float32, device=device)
             action_mask = torch.ones(batch, max_new, vocab, dtype=torch.bool, device=device)
 
         steps = 0
@@ -569,7 +367,6 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
                 if suppress_eos:
                     allowed.index_fill_(-1, eos, False)
                 scores = scores.masked_fill(~allowed, NEG_INF)
-                step_masked_logprobs = torch.log_softmax(scores, dim=-1)
             if config.top_k > 0:
                 scores = top_k_filter(scores, config.top_k)
             if config.top_p < 1.0:
@@ -583,7 +380,6 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             picked = next_tokens[:, None]
             logprobs[:, t] = full_logprobs.gather(-1, picked).squeeze(-1).masked_fill(finished, 0.0)
             if masker is not None:
-                masked_logprobs[:, t] = step_masked_logprobs.gather(-1, picked).squeeze(-1).masked_fill(finished, 0.0)
                 action_mask[:, t] = allowed | finished[:, None]
             steps = t + 1
             if config.stop_at_eos and eos is not None:
@@ -604,115 +400,6 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
         response_mask=active_mask[:, :steps].float(),
         logprobs=logprobs[:, :steps].clone(),
         action_mask=None if action_mask is None else action_mask[:, :steps].clone(),
-        masked_logprobs=None if masked_logprobs is None else masked_logprobs[:, :steps].clone(),
     )
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Teacher-forced re-scoring
-# --------------------------------------------------------------------------------------------------------------
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)`` at ``token_ids``, position by position: ``[..., V]`` and ``[...]`` give ``[...]``.
-
-    One fused cross-entropy, forward and backward: on CPU at 16 x 32 x 49k it took 51 + 96 ms where logsumexp −
-    gather took 197 + 187 ms."""
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, -2), token_ids.flatten(), reduction="none")
-    return -nll.view_as(token_ids)
-
-
-def forward_response(model, rollout_or_query_ids: Rollout | torch.Tensor, query_mask: torch.Tensor | None = None,
-                     response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
-                     temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
-                     return_hidden: bool = False, action_mask: torch.Tensor | None = None,
-                     return_logits: bool = False, entropy_grad: bool = False,
-                     compute_entropy: bool = True) -> ResponseOutput:
-    """One teacher-forced forward over prompt + response, with grad: per response token its log-prob, the entropy
-    of the distribution it was drawn from, and optionally the hidden state that predicts it.
-
-    Call as ``forward_response(model, rollout)`` or ``forward_response(model, query_ids, query_mask, response_ids,
-    response_mask)``. The action mask is never taken from the rollout implicitly: pass
-    ``action_mask=rollout.action_mask`` for NLPO's masked distribution.
-
-    Decoder-only: the input is the left-padded prompt followed by the response minus its last token (nothing is
-    predicted from the last one), the attention mask is ``cat(query_mask, response_mask)`` (EOS included, padding
-    after it masked), positions come from its cumsum, and the logits are those at positions Tq−1 … Tq+Tr−2.
-    Encoder-decoder: the encoder reads the prompt and the decoder ``[decoder_start] + response[:, :-1]``.
-
-    Args:
-        temperature: the sampling temperature: logits are divided by it, so the log-probs match :func:`sample`'s.
-        autocast_dtype: run the forward under ``torch.autocast`` (e.g. bf16); the log-probs are fp32 either way.
-        return_hidden: also return the last hidden state at each predicting position (for a value head).
-        action_mask: ``[B, Tr, V]`` bool; logits outside it are −inf before the log-softmax (NLPO). Positions whose
-            mask is all False are left unrestricted rather than producing NaN.
-        return_logits: also return the ``[B, Tr, V]`` fp32 logits (large).
-        entropy_grad: compute the entropy with grad (for an entropy bonus); by default it is detached, which saves
-            a vocabulary-sized backward.
-        compute_entropy: False skips the entropy (``entropy`` is then None): two vocabulary-sized passes saved
-            for forwards that only need log-probs (the KL reference, PPO's old log-probs).
-    """
-    if isinstance(rollout_or_query_ids, Rollout):
-        if query_mask is not None or response_ids is not None or response_mask is not None:
-            raise TypeError("forward_response: pass either a Rollout or the four tensors, not both")
-        r = rollout_or_query_ids
-        query_ids, query_mask, response_ids, response_mask = r.query_ids, r.query_mask, r.response_ids, r.response_mask
-    else:
-        query_ids = rollout_or_query_ids
-        if query_mask is None or response_ids is None or response_mask is None:
-            raise TypeError("forward_response: query_mask, response_ids and response_mask are required with tensors")
-    if not temperature > 0:
-        raise ValueError(f"temperature: must be > 0, got {temperature!r}")
-    _check_query(model, query_ids, query_mask)
-    batch, tq = query_ids.shape
-    tr = response_ids.shape[1]
-    if response_ids.shape[0] != batch or response_mask.shape != response_ids.shape or tr == 0:
-        raise ValueError(f"response_ids/response_mask: expected [B={batch}, Tr>0], got {tuple(response_ids.shape)} "
-                         f"and {tuple(response_mask.shape)}")
-
-    with autocast(model, autocast_dtype):
-        if _is_encoder_decoder(model):
-            start = torch.full((batch, 1), _decoder_start_id(model), dtype=torch.long, device=response_ids.device)
-            out = model(input_ids=query_ids, attention_mask=query_mask,
-                        decoder_input_ids=torch.cat([start, response_ids[:, :-1]], dim=1),
-                        output_hidden_states=return_hidden, use_cache=False)
-            logits = out.logits
-            hidden = out.decoder_hidden_states[-1] if return_hidden else None
-        else:
-            input_ids = torch.cat([query_ids, response_ids[:, :-1]], dim=1)
-            attn = torch.cat([query_mask.long(), response_mask[:, :-1].long()], dim=1)
-            extra = {"logits_to_keep": tr} if _accepts_logits_to_keep(model) else {}
-            out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                        output_hidden_states=return_hidden, use_cache=False, **extra)
-            logits = out.logits[:, -tr:]
-            hidden = out.hidden_states[-1][:, tq - 1:] if return_hidden else None
-
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    if action_mask is not None:
-        if action_mask.shape != logits.shape:
-            raise ValueError(f"action_mask: expected shape {tuple(logits.shape)}, got {tuple(action_mask.shape)}")
-        allowed = action_mask.bool()
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
-        logits = logits.masked_fill(~allowed, NEG_INF)
-    valid = response_mask.bool()
-    logprobs = token_logprobs(logits, response_ids)
-
-    entropy = None
-    if compute_entropy:
-        # H = lse − Σ p·z with p = exp(z − lse), the normaliser recovered from the log-prob: lse = z_token − log p.
-        # The dot product runs as a batched matmul. Every vocabulary-sized tensor is another 100 MB at 16 x 32 x 49k
-        # (on this CPU, freshly allocated memory of that size costs ~70 ms in page faults), so the detached
-        # default computes p in place, and only the entropy bonus (entropy_grad) pays for a differentiable one.
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            z = logits if entropy_grad else logits.detach()
-            lse = z.gather(-1, response_ids[..., None]).squeeze(-1) - (logprobs if entropy_grad else logprobs.detach())
-            probs = torch.exp(z - lse[..., None]) if entropy_grad else (z - lse[..., None]).exp_()
-            finite = z if action_mask is None else z.masked_fill(probs == 0, 0.0)  # −inf · 0 would be NaN
-            expected = (probs.unsqueeze(-2) @ finite.unsqueeze(-1)).squeeze(-1).squeeze(-1)
-            entropy = torch.where(valid, lse - expected, 0.0)
-    logprobs = torch.where(valid, logprobs, 0.0)
-
-    return ResponseOutput(logprobs=logprobs, entropy=entropy, hidden=hidden,
-                          logits=logits if return_logits else None)

@@ -16,7 +16,8 @@ import weakref
 
 import torch
 
-__all__ = ["FP32_ATTENTION", "packed_linears", "release_packed_linears", "use_fp32_attention"]
+__all__ = ["FP32_ATTENTION", "linear_types", "packed_linears", "precast_weights", "release_packed_linears",
+           "use_fp32_attention"]
 
 # module -> (weakref to the weight it was packed from, that weight's version counter, packed weight, packed bias)
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -174,3 +175,59 @@ def use_fp32_attention(model, dtype: torch.dtype | None) -> bool:
     _register_fp32_attention()
     base.set_attn_implementation(FP32_ATTENTION)
     return True
+
+
+def linear_types() -> tuple[type, ...]:
+    types: tuple[type, ...] = (torch.nn.Linear,)
+    try:  # GPT-2 style models use transformers' Conv1D (an addmm, which autocast casts like a linear)
+        from transformers.pytorch_utils import Conv1D
+
+        types += (Conv1D,)
+    except ImportError:  # pragma: no cover
+        pass
+    return types
+
+
+@contextlib.contextmanager
+def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None = None, skip=frozenset()):
+    """Within the block, the weights and biases of the model's linear layers (``nn.Linear``, transformers'
+    ``Conv1D``) are ``dtype`` copies; the original parameters are put back on exit, even after an error.
+
+    Why: ``torch.autocast`` casts each fp32 weight to bf16 on every forward; it caches the cast only for weights
+    that require grad and only outside ``inference_mode``, so a sampling loop (or any frozen LoRA base) recasts the
+    whole model once per generated token: on CPU that was a third of a SmolLM2 decoding step. Casting once here
+    gives the same numbers under autocast to the same dtype (the linears compute in ``dtype`` either way; embeddings,
+    norms and the residual stream keep their own dtype, since only linear layers are touched, even when the LM head
+    is tied to the embedding).
+
+    ``trainable``: also swap tensors that require grad. The default, None, swaps them only if grad is disabled on
+    entry; with grad, only frozen tensors (``requires_grad=False``, e.g. a LoRA base) may be swapped, or gradients
+    would not reach the trainable parameters. ``skip``: modules left alone. ``dtype=None`` is a no-op. Not for models
+    sharded by FSDP/DeepSpeed.
+    """
+    if dtype is None:
+        yield model
+        return
+    swap_trainable = (not torch.is_grad_enabled()) if trainable is None else trainable
+    casts: dict[int, torch.Tensor] = {}
+    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for module in model.modules():
+                if not isinstance(module, linear_types()) or module in skip:
+                    continue
+                for name in ("weight", "bias"):
+                    param = module._parameters.get(name)
+                    if param is None or not param.is_floating_point() or param.dtype == dtype:
+                        continue
+                    if param.requires_grad and not swap_trainable:
+                        continue
+                    cast = casts.get(id(param))
+                    if cast is None:
+                        cast = casts[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=False)
+                    module._parameters[name] = cast
+                    swapped.append((module, name, param))
+        yield model
+    finally:
+        for module, name, param in reversed(swapped):
+            module._parameters[name] = param

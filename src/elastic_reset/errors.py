@@ -1,0 +1,34 @@
+"""Errors a user can act on. The CLI prints them as one line (no traceback unless ``--debug``), so each message
+names the key or the file at fault and, where it is not obvious, what to do."""
+
+
+class ElasticResetError(Exception):
+    """Base of the errors the CLI reports as one line."""
+
+
+class ConfigError(ElasticResetError, ValueError):
+    """A configuration value is unknown, of the wrong type, or impossible. The message names the dotted key."""
+
+
+class RunFileError(ElasticResetError, ValueError):
+    """A run's file is damaged or inconsistent. The message names the file and what to do."""
+
+
+class ReportError(ElasticResetError, ValueError):
+    """Runs cannot be reported as asked (missing records, mixed metrics, an output over an input)."""
+
+
+class RewardError(ElasticResetError, ValueError):
+    """The reward function returned something that is not one finite number per completion."""
+
+
+class NonFiniteError(ElasticResetError, FloatingPointError):
+    """A loss or gradient became NaN or infinite; the run stopped before applying it."""
+
+
+class RunRecoveryWarning(UserWarning):
+    """A run directory was not clean (a lost pointer, temp files of a killed save, ...) and was recovered."""
+
+
+class DataFileError(ElasticResetError, ValueError):
+    """An input data file is missing fields or malformed. The message names the file and line."""

@@ -1,0 +1,142 @@
+"""Figures over runs (:class:`~elastic_reset.evaluation.runs.Run`): the Pareto frontier and the curves over
+training, and :func:`report`, which draws both and returns the numbers of :mod:`elastic_reset.evaluation.summary`.
+
+The figures follow the paper's convention: task score on x, drift on y, oriented so that *up is better*. Our drift
+metrics (perplexity on held-out human text, KL to the initial model) are lower-is-better, so their y axis is
+inverted; a method whose curve lies above another's then dominates it.
+
+Figures are drawn with matplotlib's object API on an Agg canvas, never pyplot: importing this module does not
+change the backend of a user's interactive session, and nothing needs a display. matplotlib is imported where a
+figure is drawn, so reading runs and computing numbers never loads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elastic_reset.errors import ReportError
+from elastic_reset.evaluation.runs import DRIFTS, Run, check_groups
+from elastic_reset.evaluation.summary import dominance_summary, mean_curve, method_frontiers, summarize
+from elastic_reset.io import atomic_write
+
+
+def _colors(groups: dict[str, list[Run]]) -> dict[str, Any]:
+    """One colour per method, the same in every figure of a report."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {name: cmap(i % 10) for i, name in enumerate(groups)}
+
+
+def _legend_label(name: str, runs: list[Run]) -> str:
+    n = len(runs)
+    ema = " (EMA weights)" if any(r.source == "eval_ema" for r in runs) else ""
+    return f"{name}{ema} (n={n} seed{'s' if n != 1 else ''})"
+
+
+def _save(fig, out_png: str | Path) -> Path:
+    # Written to a temporary name and renamed: a grid killed while plotting never leaves a torn PNG.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+    return out_png
+
+
+def plot_pareto(groups: dict[str, list[Run]], out_png: str | Path, drift: str | None = None) -> Path:
+    """The Pareto frontier graph (paper §5): per method, the best drift reached at each validation reward level,
+    mean ± SE over seeds. Better is right (reward) and up (drift; the axis is inverted for lower-is-better
+    metrics). ``drift`` defaults to the metric the runs were loaded with, and must match it."""
+    from matplotlib.figure import Figure
+
+    loaded = check_groups(groups)
+    if drift is not None and drift != loaded:
+        raise ReportError(f"drift: the runs were loaded with {loaded!r}, not {drift!r} (load them with "
+                          f"drift={drift!r})")
+    metric = DRIFTS[loaded]
+    frontiers = method_frontiers(groups)
+    colors = _colors(groups)
+
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.add_subplot()
+    for name, runs in groups.items():
+        f, color = frontiers[name], colors[name]
+        label = _legend_label(name, runs)
+        # Each seed's own evaluation points, faintly: shows how much of the range the frontier summarises.
+        for run in runs:
+            ax.scatter(run.rewards, run.drifts, s=8, color=color, alpha=0.3, linewidths=0)
+        ok = np.isfinite(f.mean)
+        if not ok.any():
+            continue
+        if ok.sum() == 1:
+            # A single shared reward level: a point with its error bar.
+            ax.errorbar(f.levels[ok], f.mean[ok], yerr=f.se[ok], fmt="o", color=color, capsize=3, label=label)
+            continue
+        # Each seed's frontier is a step function of the level (constant on (level_i, level_i+1]); drawn as such.
+        ax.step(f.levels, f.mean, where="pre", color=color, label=label)
+        ax.fill_between(f.levels, f.mean - f.se, f.mean + f.se, step="pre", color=color, alpha=0.2, linewidth=0)
+    if metric.lower_is_better:
+        ax.invert_yaxis()
+    orientation = "lower is better, axis inverted: up is better" if metric.lower_is_better else "up is better"
+    ax.set_xlabel("validation reward (eval/reward), right is better")
+    ax.set_ylabel(f"{metric.label} (eval/{metric.key})\n{orientation}")
+    ax.set_title("Reward vs drift Pareto frontier (mean ± SE over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out_png)
+
+
+def plot_curves(groups: dict[str, list[Run]], out_png: str | Path) -> Path:
+    """Validation reward and drift over training iterations, mean ± SE over seeds per method, with each method's
+    reset steps as dotted vertical lines in its colour."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    metric = DRIFTS[check_groups(groups)]
+    colors = _colors(groups)
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
+    ax_reward, ax_drift = fig.subplots(1, 2)
+    for name, runs in groups.items():
+        color = colors[name]
+        for ax, values in ((ax_reward, "rewards"), (ax_drift, "drifts")):
+            steps, mean, se = mean_curve(runs, values)
+            if steps.size == 0:
+                continue
+            ax.plot(steps, mean, color=color, marker="." if steps.size < 30 else None,
+                    label=_legend_label(name, runs))
+            ax.fill_between(steps, mean - se, mean + se, color=color, alpha=0.2, linewidth=0)
+            # The reset schedule is the same for every seed of a method; the union covers a seed that ran longer.
+            for step in sorted({s for run in runs for s in run.reset_steps}):
+                ax.axvline(step, color=color, linestyle=":", linewidth=1, alpha=0.8)
+    ax_reward.set_title("validation reward (eval/reward)\nhigher is better", fontsize=10)
+    ax_reward.set_ylabel("reward")
+    ax_drift.set_title(f"{metric.label} (eval/{metric.key})\n"
+                       f"{'lower' if metric.lower_is_better else 'higher'} is better", fontsize=10)
+    ax_drift.set_ylabel(metric.key)
+    for ax in (ax_reward, ax_drift):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("training iteration (dotted: resets)")
+        ax.grid(alpha=0.3)
+    ax_reward.legend(fontsize="small")
+    fig.suptitle("Mean ± SE over seeds")
+    return _save(fig, out_png)
+
+
+def curves_path(out_png: str | Path) -> Path:
+    """Where the curves figure goes beside a Pareto figure: ``<stem>_curves.png``."""
+    out_png = Path(out_png)
+    return out_png.with_name(f"{out_png.stem}_curves.png")
+
+
+def report(groups: dict[str, list[Run]], out_png: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Both figures (``out_png`` and ``<stem>_curves.png``), the summary and the dominance rows."""
+    if Path(out_png).suffix.lower() != ".png":  # never a run's metrics.jsonl or config.yaml by a slip
+        raise ReportError(f"--out {out_png}: expected a .png path for the figure")
+    plot_pareto(groups, out_png)
+    plot_curves(groups, curves_path(out_png))
+    return summarize(groups), dominance_summary(groups)

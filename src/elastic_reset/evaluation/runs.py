@@ -1,0 +1,184 @@
+"""Reading run directories into :class:`Run` objects, the input of :mod:`~elastic_reset.evaluation.summary` and
+:mod:`~elastic_reset.evaluation.figures`.
+
+A *run* is a directory written by :class:`elastic_reset.rl.trainer.RLTrainer`: ``config.yaml`` and
+``metrics.jsonl``. Only its evaluation records (``eval/reward`` with the drift metrics, logged every ``eval.every``
+iterations on held-out prompts and text) enter a frontier: training rewards are noisy, on-policy, and KL-shaped.
+Runs are grouped by method (:func:`group_runs`); each group's seeds then give a mean ± standard error.
+
+This module only reads: no statistics, no figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from elastic_reset.errors import ReportError
+from elastic_reset.io import read_metrics
+
+
+@dataclass(frozen=True)
+class DriftMetric:
+    key: str
+    """The metric's name after the ``eval/`` (or ``eval_ema/``) prefix of metrics.jsonl."""
+    label: str
+    """How axes and tables name it."""
+    lower_is_better: bool
+    """Perplexity and KL: lower is better (the figure inverts its y axis). BLEU-like metrics: higher."""
+
+
+DRIFTS: dict[str, DriftMetric] = {
+    # Neutral on purpose: the texts are held-out human text or the initial policy's samples (config eval.reference).
+    "perplexity": DriftMetric("perplexity", "perplexity on the reference texts", True),
+    "kl_init": DriftMetric("kl_init", "KL to the initial model", True),
+}
+
+# Which weights a run's evaluation describes: the policy (``eval/*``) or its EMA (``eval_ema/*``).
+WEIGHTS = ("auto", "policy", "ema")
+LABEL_FILE = "label"
+"""A run directory's optional group name (``compare`` writes its cell label there); default: ``method.name``."""
+
+
+def drift_metric(drift: str) -> DriftMetric:
+    if drift not in DRIFTS:
+        raise ReportError(f"drift: expected one of {', '.join(DRIFTS)}, got {drift!r}")
+    return DRIFTS[drift]
+
+
+@dataclass
+class Run:
+    """One run's evaluation history, ready to plot."""
+
+    path: Path
+    method: str
+    """The group it is plotted in: ``method.name`` of its config unless overridden."""
+    seed: int | None
+    drift: str
+    """Which drift metric ``drifts`` holds (a key of :data:`DRIFTS`)."""
+    source: str
+    """``eval`` (the policy's weights) or ``eval_ema`` (the EMA's)."""
+    steps: np.ndarray
+    rewards: np.ndarray
+    drifts: np.ndarray
+    reset_steps: list[int] = field(default_factory=list)
+    """Iterations at which a reset happened (training records carrying ``reset``)."""
+    total_steps: int | None = None
+    """``steps`` of its config: the run is finished when its last evaluation is there."""
+
+
+def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "perplexity",
+             weights: str = "auto") -> Run:
+    """Read one run directory.
+
+    A torn last line of ``metrics.jsonl`` (a run still being written, or killed) is skipped; a bad line anywhere
+    else raises :class:`~elastic_reset.errors.RunFileError` naming the file and line (see
+    :func:`elastic_reset.io.read_metrics`).
+
+    Args:
+        method: the group name; default: the run's ``label`` file (written by ``compare``), else ``method.name``
+            from its ``config.yaml``.
+        drift: ``perplexity`` (``eval/perplexity``) or ``kl_init`` (``eval/kl_init``).
+        weights: ``policy`` reads ``eval/*``, ``ema`` reads ``eval_ema/*``; ``auto`` reads the EMA's evaluation
+            for method ``ema_only`` (that ablation's point is the EMA; its policy is plain KL-penalised RL) and
+            the policy's for every other method.
+    """
+    metric = drift_metric(drift)
+    if weights not in WEIGHTS:
+        raise ReportError(f"weights: expected one of {', '.join(WEIGHTS)}, got {weights!r}")
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise ReportError(f"{metrics_path}: not found ({run_dir} is not a training run directory)")
+    config_path = run_dir / "config.yaml"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        config = yaml.safe_load(config_path.read_text()) or {}
+    elif method is None:
+        raise ReportError(f"{config_path}: not found, so the run's method is unknown (name it explicitly)")
+    if method is None and (run_dir / LABEL_FILE).is_file():
+        method = (run_dir / LABEL_FILE).read_text().strip() or None
+    if method is None:
+        method = (config.get("method") or {}).get("name")
+        if not method:
+            raise ReportError(f"{config_path}: has no method.name")
+
+    records = read_metrics(metrics_path)
+    has_ema = any("eval_ema/reward" in r for r in records)
+    if weights == "ema" and not has_ema:
+        raise ReportError(f"{metrics_path}: has no eval_ema/* records (the method keeps no EMA, or eval.ema "
+                          "was off)")
+    use_ema = weights == "ema" or (weights == "auto" and has_ema
+                                   and (config.get("method") or {}).get("name") == "ema_only")
+    source = "eval_ema" if use_ema else "eval"
+    reward_key, drift_key = f"{source}/reward", f"{source}/{metric.key}"
+
+    # Keyed by step: should a line ever be repeated (a resume that could not truncate), the later one wins.
+    evals: dict[int, tuple[float, float]] = {}
+    resets: set[int] = set()
+    for r in records:
+        if reward_key in r:
+            if drift_key not in r:
+                raise ReportError(f"{metrics_path}: the evaluation record of step {r.get('step')} has "
+                                  f"{reward_key} but no {drift_key}")
+            evals[int(r["step"])] = (float(r[reward_key]), float(r[drift_key]))
+        elif isinstance(r.get("reset"), dict):
+            resets.add(int(r["step"]))
+    if not evals:
+        raise ReportError(f"{metrics_path}: has no evaluation records ({reward_key}); was eval.every 0, or was "
+                          "the run stopped before its first evaluation?")
+    steps = sorted(evals)
+    seed = config.get("seed")
+    return Run(
+        path=run_dir, method=method, seed=int(seed) if seed is not None else None, drift=drift, source=source,
+        steps=np.array(steps, dtype=int),
+        rewards=np.array([evals[s][0] for s in steps]),
+        drifts=np.array([evals[s][1] for s in steps]),
+        reset_steps=sorted(resets),
+        total_steps=int(config["steps"]) if "steps" in config else None,
+    )
+
+
+def find_run_dirs(path: str | Path) -> list[Path]:
+    """``path`` itself if it is a run, else every run below it (a compare grid), sorted. A path holding no run
+    is reported with the metrics.jsonl it lacks."""
+    path = Path(path)
+    if (path / "metrics.jsonl").is_file():
+        return [path]
+    found = sorted(p.parent for p in path.rglob("metrics.jsonl")) if path.is_dir() else []
+    if not found:
+        raise ReportError(f"{path / 'metrics.jsonl'}: not found, and no run directory below {path}")
+    return found
+
+
+def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs by method, methods in order of first appearance, seeds sorted. Two runs of one seed in a group are
+    refused: they are two variants (pooling them would understate the standard error), to be named apart."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        twin = next((r for r in groups.get(run.method, []) if r.seed is not None and r.seed == run.seed), None)
+        if twin is not None:
+            raise ReportError(f"{twin.path} and {run.path} are both seed {run.seed} of {run.method!r}: name the "
+                              "variants apart (pareto LABEL=RUN_DIR ...)")
+        groups.setdefault(run.method, []).append(run)
+    for name, members in groups.items():
+        members.sort(key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, str(r.path)))
+    return groups
+
+
+def check_groups(groups: dict[str, list[Run]]) -> str:
+    """The drift metric every run of ``groups`` was loaded with. Refuses no groups, an empty group, and mixed
+    drift metrics (mixing perplexity and KL on one axis is meaningless)."""
+    if not groups:
+        raise ReportError("no runs to report on")
+    empty = [name for name, runs in groups.items() if not runs]
+    if empty:
+        raise ReportError(f"method {empty[0]!r} has no runs")
+    drifts = {run.drift for runs in groups.values() for run in runs}
+    if len(drifts) != 1:
+        raise ReportError(f"runs were loaded with different drift metrics: {sorted(drifts)}")
+    return drifts.pop()

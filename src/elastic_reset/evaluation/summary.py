@@ -1,0 +1,141 @@
+"""Numbers and text tables over runs (:class:`~elastic_reset.evaluation.runs.Run`): frontiers, dominance, final tables.
+
+Each method's seeds give a mean ± standard error (Elastic Reset paper §5 and Fig. 3c/4): of the final evaluation,
+of the Pareto frontier (the best drift reached at each validation reward level, :mod:`elastic_reset.evaluation.pareto`)
+and of the curves over training. Everything here is plain numbers and text, JSON-ready; the figures that draw them
+are in :mod:`elastic_reset.evaluation.figures`.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from elastic_reset.evaluation.pareto import Frontier, aggregate_frontier, dominance, mean_and_se
+from elastic_reset.evaluation.runs import DRIFTS, Run, check_groups
+
+# Enough levels that the step-shaped frontier reads as one; fine for any number of evaluations.
+N_LEVELS = 100
+
+
+def method_frontiers(groups: dict[str, list[Run]], n_levels: int = N_LEVELS) -> dict[str, Frontier]:
+    """Each method's frontier: mean ± SE over its seeds, on the reward range every seed reaches."""
+    metric = DRIFTS[check_groups(groups)]
+    out = {}
+    for name, runs in groups.items():
+        f = aggregate_frontier([(r.rewards, r.drifts) for r in runs], n_levels=n_levels,
+                               lower_is_better=metric.lower_is_better)
+        if f.levels.size and np.ptp(f.levels) == 0:
+            # Every seed reached one single reward level (e.g. a run too short to learn): one point, not n copies.
+            f = Frontier(levels=f.levels[:1], mean=f.mean[:1], se=f.se[:1], n_seeds=f.n_seeds)
+        out[name] = f
+    return out
+
+
+def mean_curve(runs: list[Run], values: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps, mean and SE over seeds of ``values`` (``"rewards"`` or ``"drifts"``) at the evaluation steps every
+    seed has. Averaging over whichever seeds happen to have a step would make the curve jump where a seed ends (a
+    run still in progress); this never does."""
+    common = set(runs[0].steps.tolist())
+    for run in runs[1:]:
+        common &= set(run.steps.tolist())
+    steps = np.array(sorted(common), dtype=int)
+    if steps.size == 0:
+        return steps, np.array([]), np.array([])
+    stacked = np.stack([getattr(run, values)[np.searchsorted(run.steps, steps)] for run in runs])
+    mean, se = mean_and_se(stacked)
+    return steps, mean, se
+
+
+def dominance_summary(groups: dict[str, list[Run]]) -> list[dict[str, Any]]:
+    """For each pair of methods, how their mean frontiers compare over the reward range both reach.
+
+    Each row: ``a``, ``b``, ``range`` (the shared reward range, None if they share none), ``a_better`` /
+    ``b_better`` (fraction of that range where each has the better drift), ``area`` (∫ of the drift difference
+    over the range, positive where A is better; in drift units × reward units), and ``text``, one printable line.
+    """
+    drift = check_groups(groups)
+    metric = DRIFTS[drift]
+    frontiers = method_frontiers(groups)
+    rows = []
+    for a, b in combinations(groups, 2):
+        fa, fb = frontiers[a], frontiers[b]
+        if not (np.isfinite(fa.mean).any() and np.isfinite(fb.mean).any()):
+            result = {"range": None, "a_better": 0.0, "b_better": 0.0, "area": 0.0}
+        else:
+            result = dominance(fa, fb, lower_is_better=metric.lower_is_better)
+        row = {"a": a, "b": b, **result}
+        if result["range"] is None:
+            row["text"] = (f"{a} vs {b}: no shared reward range (one method reaches a single reward level, or "
+                           "their ranges do not overlap): no comparison")
+        else:
+            lo, hi = result["range"]
+            row["text"] = (f"{a} vs {b}: over reward [{lo:.4g}, {hi:.4g}], {a} has the better {metric.label} on "
+                           f"{result['a_better']:.0%} of the range, {b} on {result['b_better']:.0%}; "
+                           f"area between frontiers {result['area']:+.4g} (positive: {a} better)")
+        rows.append(row)
+    return rows
+
+
+def format_dominance(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "Dominance: only one method, nothing to compare."
+    return "Dominance (mean frontiers over seeds):\n" + "\n".join(f"  {row['text']}" for row in rows)
+
+
+def summarize(groups: dict[str, list[Run]]) -> dict[str, Any]:
+    """Per method: the final evaluation (each run's last evaluation record) as mean and standard error over
+    seeds, and the frontier. JSON-ready (non-finite numbers become null)."""
+    drift = check_groups(groups)
+    metric = DRIFTS[drift]
+    frontiers = method_frontiers(groups)
+    methods = {}
+    for name, runs in groups.items():
+        reward_mean, reward_se = mean_and_se(np.array([r.rewards[-1] for r in runs]))
+        drift_mean, drift_se = mean_and_se(np.array([r.drifts[-1] for r in runs]))
+        methods[name] = {
+            "n_seeds": len(runs),
+            "seeds": [r.seed for r in runs],
+            "runs": [str(r.path) for r in runs],
+            "source": sorted({r.source for r in runs}),
+            # A run still in progress reports its latest evaluation; these steps show which.
+            "final_steps": [int(r.steps[-1]) for r in runs],
+            "final_reward": {"mean": float(reward_mean), "se": float(reward_se)},
+            "final_drift": {"mean": float(drift_mean), "se": float(drift_se)},
+            "frontier": frontiers[name].to_dict(),
+        }
+    return to_jsonable({"drift": drift, "drift_label": metric.label, "lower_is_better": metric.lower_is_better,
+                      "methods": methods})
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The final table of :func:`summarize`: one line per method."""
+    def pm(entry: dict[str, Any]) -> str:
+        mean, se = entry["mean"], entry["se"]
+        if mean is None:
+            return "n/a"
+        return f"{mean:.4g} ± {se:.2g}" if se is not None else f"{mean:.4g}"
+
+    header = ["method", "seeds", "final step", "final reward", f"final {summary['drift']}"]
+    rows = [[name, str(m["n_seeds"]), ",".join(str(s) for s in sorted(set(m["final_steps"]))),
+             pm(m["final_reward"]), pm(m["final_drift"])] for name, m in summary["methods"].items()]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    order = "lower is better" if summary["lower_is_better"] else "higher is better"
+    return (f"Final evaluation (mean ± standard error over seeds; {summary['drift_label']}, {order}):\n"
+            + "\n".join(lines))
+
+
+def to_jsonable(value: Any) -> Any:
+    """NaN/inf are not JSON: write them as null so any JSON reader accepts the file."""
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

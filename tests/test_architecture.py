@@ -1,0 +1,89 @@
+"""The layering of docs/architecture.md, checked on the source: imports run one way, and there is no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "elastic_reset"
+
+# Lower number = lower layer. A module may import its own part and lower layers, never a higher one.
+LAYERS = {
+    "errors": 0,
+    "io": 1, "core": 1,
+    "lm": 2, "models": 2, "integrations": 2,
+    "rewards": 3, "pretrain": 3,
+    "tasks": 4,
+    "evaluation": 5,
+    "rl": 6,
+    "compare": 7,
+    "demo": 8,
+    "cli": 9,
+    "__init__": 9,
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``elastic_reset.*`` module this file imports, at any depth (lazy imports inside functions count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elastic_reset"):
+            base = node.module.removeprefix("elastic_reset").lstrip(".")
+            found.add(base)
+            found.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("elastic_reset.") for a in node.names if a.name.startswith("elastic_reset."))
+    return found
+
+
+def _part(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_part_has_a_layer():
+    assert {_part(m) for m in _modules()} <= set(LAYERS), "a new top-level module needs a layer here and in the doc"
+
+
+def test_imports_run_downwards():
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        for target in _imports(path):
+            if target not in modules and _part(target) not in LAYERS:
+                continue  # a name imported from a module (from x import y), checked through x
+            src, dst = _part(name), _part(target)
+            if src != dst and LAYERS[dst] >= LAYERS[src] and name != "__init__":
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle_between_modules():
+    modules = _modules()
+    graph = {name: {t for t in _imports(path) if t in modules and t != name} for name, path in modules.items()}
+    # A package's __init__ re-exporting its modules is not a cycle of behaviour; leave package inits out.
+    graph = {n: {t for t in ts if not modules[t].name == "__init__.py"} for n, ts in graph.items()
+             if modules[n].name != "__init__.py"}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                return stack + [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, stack + [node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in graph:
+        if start not in state:
+            cycle = visit(start, [])
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
