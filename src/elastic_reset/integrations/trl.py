@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from elastic_reset.core import ElasticReset, ResetEvent
+from elastic_reset.io import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -159,16 +159,8 @@ class ElasticResetCallback(TrainerCallback):
             "events": [dataclasses.asdict(e) for e in self.events],
             "distance": self.elastic_reset.distance(),  # a fingerprint of the weights it belongs with
         }
-        # A temporary sibling, then an atomic rename: a crash mid-write never leaves a truncated state file.
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-        try:
-            torch.save(payload, tmp)
-            os.replace(tmp, os.path.join(folder, STATE_FILE))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        # A crash mid-write never leaves a truncated state file (temporary sibling, fsync, rename).
+        atomic_write(os.path.join(folder, STATE_FILE), lambda f: torch.save(payload, f))
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:

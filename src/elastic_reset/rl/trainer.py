@@ -203,9 +203,9 @@ class RLTrainer:
     def _sample_eval(self, prompts: list[str], generator: torch.Generator) -> Rollout:
         """One response per prompt with the training sampling settings, from ``generator`` (evaluation's draws)."""
         query_ids, query_mask = self._encode(prompts)
-        return sample(self.model, query_ids, query_mask, self.config.sampling, pad_token_id=self.tokenizer.pad_token_id,
-                      eos_token_id=self.tokenizer.eos_token_id, generator=generator,
-                      autocast_dtype=self.autocast_dtype)
+        return sample(self.model, query_ids, query_mask, self.config.sampling,
+                      pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                      generator=generator, autocast_dtype=self.autocast_dtype)
 
     def _score(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores as a float tensor, and which samples are kept. Bad rewards stop the run (or are dropped)."""
