@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from elastic_reset.pretrain import PretrainConfig, pretrain_policy
+from elastic_reset.pretrain.imdb import PretrainConfig, pretrain_policy
 from elastic_reset.tasks.vader import PRETRAIN_TEXTS, REFERENCE_TEXTS
 
 TINY = PretrainConfig(vocab_size=300, n_layer=1, n_embd=64, context=16, batch_size=4, steps=40, lr=3e-3)

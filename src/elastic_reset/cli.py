@@ -2,12 +2,14 @@
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
-                  [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init]
-    elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init]
+                  [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
+                  [--score reward|task_bleu]
+    elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
     elastic-reset demo [--out DIR] [--steps N]
     elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
     elastic-reset build-policy imdb [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
+    elastic-reset build-translation --data-dir ../shared/data [--out DIR] [--max-epochs N] [--force]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import sys
 
 from elastic_reset.errors import ElasticResetError
+from elastic_reset.evaluation.runs import DRIFTS, SCORES
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -38,13 +41,13 @@ def _compare(args: argparse.Namespace) -> int:
     # The command as parsed, in canonical form: rerunning it continues (or reproduces) this grid.
     command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
                ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
-               "--seeds", str(args.seeds), "--drift", args.drift]
+               "--seeds", str(args.seeds), "--drift", args.drift, "--score", args.score]
     for item in args.set or []:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
     summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
-                       drift=args.drift, command=command)
+                       drift=args.drift, command=command, score=args.score)
     print(format_dominance(summary["dominance"]))
     print(format_table(summary))
     print(f"grid written to {args.out} (summary.json, pareto.png, pareto_curves.png)")
@@ -65,7 +68,7 @@ def _pareto(args: argparse.Namespace) -> int:
         if "=" in item and not Path(item).exists():
             label, path = item.split("=", 1)
         for run_dir in find_run_dirs(path):
-            runs.append(load_run(run_dir, method=label, drift=args.drift))
+            runs.append(load_run(run_dir, method=label, drift=args.drift, score=args.score))
     groups = group_runs(runs)
     summary, rows = report(groups, args.out)
     print(format_dominance(rows))
@@ -111,7 +114,7 @@ def _build_policy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from elastic_reset.models import IMDB_POLICY_DIRNAME, cache_dir
-    from elastic_reset.pretrain import PretrainConfig, pretrain_policy
+    from elastic_reset.pretrain.imdb import PretrainConfig, pretrain_policy
     from elastic_reset.tasks.imdb import load_imdb, shuffled
 
     out = Path(args.out) if args.out else cache_dir() / IMDB_POLICY_DIRNAME
@@ -124,6 +127,24 @@ def _build_policy(args: argparse.Namespace) -> int:
     metrics = pretrain_policy(train, held_out, out, config)
     print(f"IMDB policy: {metrics['parameters'] / 1e6:.1f}M parameters, held-out perplexity "
           f"{metrics['held_out_perplexity']:.1f} after {metrics['train_seconds']:.0f} s; written to {out}")
+    return 0
+
+
+def _build_translation(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from elastic_reset.models import translation_agents_path
+    from elastic_reset.pretrain.translation import AgentConfig, build_agents
+
+    out = Path(args.out) if args.out else translation_agents_path(required=False)
+    if out.exists() and not args.force:
+        raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
+    config = AgentConfig() if args.max_epochs is None else replace(AgentConfig(), max_epochs=args.max_epochs)
+    metrics = build_agents(args.data_dir, out, config)
+    val = metrics["pretrained"]["val"]
+    print(f"Translation Game agents written to {out} in {metrics['build_seconds']:.0f} s; PRETRAINED (val): task "
+          f"{val['task_bleu']:.1f} BLEU, drift {val['drift_bleu']:.1f} BLEU")
     return 0
 
 
@@ -161,8 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",
                          help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
                               "(repeatable)")
-    compare.add_argument("--drift", choices=("perplexity", "kl_init"), default="perplexity",
-                         help="drift metric of the report (default perplexity)")
+    compare.add_argument("--drift", choices=tuple(DRIFTS), default="perplexity",
+                         help="drift metric of the report (default perplexity; the Translation Game: drift_bleu)")
+    compare.add_argument("--score", choices=tuple(SCORES), default="reward",
+                         help="task score of the report (default reward; the Translation Game: task_bleu)")
     compare.set_defaults(func=_compare)
 
     pareto = sub.add_parser("pareto", help="Pareto frontier and curves figures, dominance and a final table "
@@ -171,8 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run directories (or directories holding runs, e.g. a compare grid); runs are "
                              "grouped by their config's method.name, or by LABEL given as LABEL=RUN_DIR")
     pareto.add_argument("--out", required=True, help="Pareto figure (PNG); the curves go to <stem>_curves.png")
-    pareto.add_argument("--drift", choices=("perplexity", "kl_init"), default="perplexity",
-                        help="drift metric on the y axis (default perplexity)")
+    pareto.add_argument("--drift", choices=tuple(DRIFTS), default="perplexity",
+                        help="drift metric on the y axis (default perplexity; the Translation Game: drift_bleu)")
+    pareto.add_argument("--score", choices=tuple(SCORES), default="reward",
+                        help="task score on the x axis (default reward; the Translation Game: task_bleu)")
     pareto.set_defaults(func=_pareto)
 
     demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA), ~11 min on a CPU")
@@ -212,6 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "PretrainConfig's)")
     policy.add_argument("--force", action="store_true", help="replace a policy already at --out")
     policy.set_defaults(func=_build_policy)
+
+    game = sub.add_parser("build-translation", help="pretrain the Translation Game's agents (FR→EN, EN→DE, an "
+                                                    "English LM) on half of Multi30k train, ~20 min on a CPU")
+    game.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
+    game.add_argument("--out", default=None, help="where to write them (default: the cache path the "
+                      "translation_game task reads)")
+    game.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
+                      "(default 8; each stops early on its validation score)")
+    game.add_argument("--force", action="store_true", help="replace agents already at --out")
+    game.set_defaults(func=_build_translation)
     return parser
 
 

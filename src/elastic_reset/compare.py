@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elastic_reset.evaluation.figures import report
-from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run
+from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run, score_label
 from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import atomic_write_text
 from elastic_reset.rl.checkpoint import latest_step
@@ -198,10 +198,10 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
 
 
 def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity",
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, score: str = "reward") -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
     out_dir = Path(out_dir)
-    runs = [load_run(cell.run_dir, method=cell.method, drift=drift) for cell in cells]
+    runs = [load_run(cell.run_dir, method=cell.method, drift=drift, score=score) for cell in cells]
     groups = group_runs(runs)
     summary, rows = report(groups, out_dir / "pareto.png")
     # Paths relative to the grid, so that the grid directory can be moved or shared as a whole.
@@ -216,12 +216,13 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
 def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str = "perplexity", command: list[str] | None = None,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
+             log: Callable[[str], None] = print, score: str = "reward") -> dict[str, Any]:
     """Train every cell that is not finished, one after the other, then write the report (see module docs).
 
     ``command`` is the command line recorded in summary.json (argv list).
     """
-    drift_metric(drift)  # an unknown drift fails before hours of training, not after
+    drift_metric(drift)  # an unknown drift or score fails before hours of training, not after
+    score_label(score)
     out_dir = Path(out_dir)
     cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,4 +244,4 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
                  "overrides": list(overrides), "method_overrides": method_overrides or {}},
         "runs": actions,
     }
-    return grid_report(out_dir, cells, drift, extra)
+    return grid_report(out_dir, cells, drift, extra, score)

@@ -95,6 +95,30 @@ def imdb_policy_path() -> Path:
     return path
 
 
+TRANSLATION_DIRNAME = "translation-game"
+TRANSLATION_BUILD = "elastic-reset build-translation --data-dir ../shared/data"
+
+
+def translation_agents_path(required: bool = True) -> Path:
+    """The Translation Game's pretrained agents (``fr-en/``, ``en-de/``, ``en-lm/``), built once by
+    ``elastic-reset build-translation`` into ``cache_dir()/translation-game``."""
+    path = cache_dir() / TRANSLATION_DIRNAME
+    if required and not (path / "fr-en" / "config.json").is_file():
+        raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
+                                "(about 20 minutes on a 2-core CPU)")
+    return path
+
+
+def cached_model_path(name: str) -> Path | None:
+    """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``translation-fr-en``), or
+    None for any other name."""
+    if name == "imdb-gpt2":
+        return imdb_policy_path()
+    if name == "translation-fr-en":
+        return translation_agents_path() / "fr-en"
+    return None
+
+
 def load_smollm2(dtype: torch.dtype = torch.float32):
     """(model, tokenizer) for SmolLM2-135M-Instruct, loaded from the local cache (see :func:`smollm2_path`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

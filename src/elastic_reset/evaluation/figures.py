@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from elastic_reset.errors import ReportError
-from elastic_reset.evaluation.runs import DRIFTS, Run, check_groups
+from elastic_reset.evaluation.runs import DRIFTS, SCORES, Run, check_groups, group_score
 from elastic_reset.evaluation.summary import dominance_summary, mean_curve, method_frontiers, summarize
 from elastic_reset.io import atomic_write
 
@@ -83,9 +83,10 @@ def plot_pareto(groups: dict[str, list[Run]], out_png: str | Path, drift: str | 
     if metric.lower_is_better:
         ax.invert_yaxis()
     orientation = "lower is better, axis inverted: up is better" if metric.lower_is_better else "up is better"
-    ax.set_xlabel("validation reward (eval/reward), right is better")
+    score = group_score(groups)
+    ax.set_xlabel(f"{SCORES[score]} (eval/{score}), right is better")
     ax.set_ylabel(f"{metric.label} (eval/{metric.key})\n{orientation}")
-    ax.set_title("Reward vs drift Pareto frontier (mean ± SE over seeds)")
+    ax.set_title("Task score vs drift Pareto frontier (mean ± SE over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, out_png)
@@ -113,8 +114,9 @@ def plot_curves(groups: dict[str, list[Run]], out_png: str | Path) -> Path:
             # The reset schedule is the same for every seed of a method; the union covers a seed that ran longer.
             for step in sorted({s for run in runs for s in run.reset_steps}):
                 ax.axvline(step, color=color, linestyle=":", linewidth=1, alpha=0.8)
-    ax_reward.set_title("validation reward (eval/reward)\nhigher is better", fontsize=10)
-    ax_reward.set_ylabel("reward")
+    score = group_score(groups)
+    ax_reward.set_title(f"{SCORES[score]} (eval/{score})\nhigher is better", fontsize=10)
+    ax_reward.set_ylabel(score)
     ax_drift.set_title(f"{metric.label} (eval/{metric.key})\n"
                        f"{'lower' if metric.lower_is_better else 'higher'} is better", fontsize=10)
     ax_drift.set_ylabel(metric.key)

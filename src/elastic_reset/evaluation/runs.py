@@ -36,7 +36,15 @@ DRIFTS: dict[str, DriftMetric] = {
     # Neutral on purpose: the texts are held-out human text or the initial policy's samples (config eval.reference).
     "perplexity": DriftMetric("perplexity", "perplexity on the reference texts", True),
     "kl_init": DriftMetric("kl_init", "KL to the initial model", True),
+    # The Translation Game: FR→EN BLEU of the speaker against the English the game never sees (paper §4).
+    "drift_bleu": DriftMetric("drift_bleu", "FR→EN BLEU (drift)", False),
 }
+
+SCORES: dict[str, str] = {
+    "reward": "validation reward",
+    "task_bleu": "FR→EN→DE BLEU (task)",
+}
+"""Task scores a report can put on its x axis (``eval/<key>``), with their axis labels."""
 
 # Which weights a run's evaluation describes: the policy (``eval/*``) or its EMA (``eval_ema/*``).
 WEIGHTS = ("auto", "policy", "ema")
@@ -48,6 +56,12 @@ def drift_metric(drift: str) -> DriftMetric:
     if drift not in DRIFTS:
         raise ReportError(f"drift: expected one of {', '.join(DRIFTS)}, got {drift!r}")
     return DRIFTS[drift]
+
+
+def score_label(score: str) -> str:
+    if score not in SCORES:
+        raise ReportError(f"score: expected one of {', '.join(SCORES)}, got {score!r}")
+    return SCORES[score]
 
 
 @dataclass
@@ -64,15 +78,18 @@ class Run:
     """``eval`` (the policy's weights) or ``eval_ema`` (the EMA's)."""
     steps: np.ndarray
     rewards: np.ndarray
+    """The task score at each evaluation (``eval/reward``, or the metric named by ``score``)."""
     drifts: np.ndarray
     reset_steps: list[int] = field(default_factory=list)
     """Iterations at which a reset happened (training records carrying ``reset``)."""
     total_steps: int | None = None
     """``steps`` of its config: the run is finished when its last evaluation is there."""
+    score: str = "reward"
+    """Which task score ``rewards`` holds (a key of :data:`SCORES`)."""
 
 
 def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "perplexity",
-             weights: str = "auto") -> Run:
+             weights: str = "auto", score: str = "reward") -> Run:
     """Read one run directory.
 
     A torn last line of ``metrics.jsonl`` (a run still being written, or killed) is skipped; a bad line anywhere
@@ -82,12 +99,16 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
     Args:
         method: the group name; default: the run's ``label`` file (written by ``compare``), else ``method.name``
             from its ``config.yaml``.
-        drift: ``perplexity`` (``eval/perplexity``) or ``kl_init`` (``eval/kl_init``).
+        drift: ``perplexity`` (``eval/perplexity``), ``kl_init`` (``eval/kl_init``) or ``drift_bleu``
+            (``eval/drift_bleu``, the Translation Game's FR→EN BLEU).
+        score: the task score, ``reward`` (``eval/reward``) or ``task_bleu`` (the Translation Game's FR→EN→DE
+            BLEU).
         weights: ``policy`` reads ``eval/*``, ``ema`` reads ``eval_ema/*``; ``auto`` reads the EMA's evaluation
             for method ``ema_only`` (that ablation's point is the EMA; its policy is plain KL-penalised RL) and
             the policy's for every other method.
     """
     metric = drift_metric(drift)
+    score_label(score)
     if weights not in WEIGHTS:
         raise ReportError(f"weights: expected one of {', '.join(WEIGHTS)}, got {weights!r}")
     run_dir = Path(run_dir)
@@ -115,7 +136,7 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
     use_ema = weights == "ema" or (weights == "auto" and has_ema
                                    and (config.get("method") or {}).get("name") == "ema_only")
     source = "eval_ema" if use_ema else "eval"
-    reward_key, drift_key = f"{source}/reward", f"{source}/{metric.key}"
+    reward_key, drift_key = f"{source}/{score}", f"{source}/{metric.key}"
 
     # Keyed by step: should a line ever be repeated (a resume that could not truncate), the later one wins.
     evals: dict[int, tuple[float, float]] = {}
@@ -140,6 +161,7 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
         drifts=np.array([evals[s][1] for s in steps]),
         reset_steps=sorted(resets),
         total_steps=int(config["steps"]) if "steps" in config else None,
+        score=score,
     )
 
 
@@ -172,7 +194,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
 
 def check_groups(groups: dict[str, list[Run]]) -> str:
     """The drift metric every run of ``groups`` was loaded with. Refuses no groups, an empty group, and mixed
-    drift metrics (mixing perplexity and KL on one axis is meaningless)."""
+    drift metrics or task scores (mixing perplexity and KL on one axis is meaningless)."""
     if not groups:
         raise ReportError("no runs to report on")
     empty = [name for name, runs in groups.items() if not runs]
@@ -181,4 +203,13 @@ def check_groups(groups: dict[str, list[Run]]) -> str:
     drifts = {run.drift for runs in groups.values() for run in runs}
     if len(drifts) != 1:
         raise ReportError(f"runs were loaded with different drift metrics: {sorted(drifts)}")
+    scores = {run.score for runs in groups.values() for run in runs}
+    if len(scores) != 1:
+        raise ReportError(f"runs were loaded with different task scores: {sorted(scores)}")
     return drifts.pop()
+
+
+def group_score(groups: dict[str, list[Run]]) -> str:
+    """The task score every run of ``groups`` was loaded with (checked by :func:`check_groups`)."""
+    check_groups(groups)
+    return next(iter(groups.values()))[0].score

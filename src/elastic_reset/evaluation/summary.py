@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from elastic_reset.evaluation.pareto import Frontier, aggregate_frontier, dominance, mean_and_se
-from elastic_reset.evaluation.runs import DRIFTS, Run, check_groups
+from elastic_reset.evaluation.runs import DRIFTS, SCORES, Run, check_groups, group_score
 
 # Enough levels that the step-shaped frontier reads as one; fine for any number of evaluations.
 N_LEVELS = 100
@@ -107,8 +107,9 @@ def summarize(groups: dict[str, list[Run]]) -> dict[str, Any]:
             "final_drift": {"mean": float(drift_mean), "se": float(drift_se)},
             "frontier": frontiers[name].to_dict(),
         }
+    score = group_score(groups)
     return to_jsonable({"drift": drift, "drift_label": metric.label, "lower_is_better": metric.lower_is_better,
-                      "methods": methods})
+                        "score": score, "score_label": SCORES[score], "methods": methods})
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -119,7 +120,7 @@ def format_table(summary: dict[str, Any]) -> str:
             return "n/a"
         return f"{mean:.4g} ± {se:.2g}" if se is not None else f"{mean:.4g}"
 
-    header = ["method", "seeds", "final step", "final reward", f"final {summary['drift']}"]
+    header = ["method", "seeds", "final step", f"final {summary.get('score', 'reward')}", f"final {summary['drift']}"]
     rows = [[name, str(m["n_seeds"]), ",".join(str(s) for s in sorted(set(m["final_steps"]))),
              pm(m["final_reward"]), pm(m["final_drift"])] for name, m in summary["methods"].items()]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

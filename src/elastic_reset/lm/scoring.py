@@ -106,6 +106,28 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
     return -nll.view_as(token_ids)
 
 
+def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 64,
+                autocast_dtype: torch.dtype | None = None, return_logits: bool = False):
+    """Per-token NLL ``[B, T]`` of an encoder-decoder model's ``targets`` given ``sources``, teacher-forced, and the
+    mask of the scored tokens (the target's tokens and its EOS, as the tokenizer encodes them). Keeps the graph:
+    pretraining, the multitask loss and a learning reward (the Translation Game's listener) train through it.
+    With ``return_logits``, also the ``[B, T, V]`` logits (for label smoothing)."""
+    device = device_of(model)
+    enc = tokenizer(sources, return_tensors="pt", padding=True, truncation=True, max_length=max_tokens).to(device)
+    labels = tokenizer(text_target=targets, return_tensors="pt", padding=True, truncation=True,
+                       max_length=max_tokens).to(device)
+    if tokenizer.padding_side != "right":
+        raise ValueError("seq2seq_nll: expected a right-padding tokenizer (encoder-decoder inputs are right-padded)")
+    start = torch.full_like(labels.input_ids[:, :1], decoder_start_id(model))
+    decoder_ids = torch.cat([start, labels.input_ids[:, :-1]], dim=1)
+    with autocast(model, autocast_dtype):
+        logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, decoder_input_ids=decoder_ids,
+                       decoder_attention_mask=labels.attention_mask).logits
+    mask = labels.attention_mask.float()
+    nll = -token_logprobs(logits.float(), labels.input_ids) * mask
+    return (nll, mask, logits) if return_logits else (nll, mask)
+
+
 def forward_response(model, batch_or_query_ids, query_mask: torch.Tensor | None = None,
                      response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
                      temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,

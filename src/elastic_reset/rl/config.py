@@ -35,7 +35,8 @@ from pydantic_core import CoreSchema
 # ConfigError lives with the other errors the CLI reports in one line; modules still import it from here.
 from elastic_reset.errors import ConfigError
 
-Method = Literal["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask"]
+Method = Literal["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask",
+                 "frozen"]
 Algo = Literal["ppo", "reinforce", "rloo"]
 METHODS: tuple[str, ...] = typing.get_args(Method)
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
@@ -203,14 +204,18 @@ class KLConfig(_Section):
     """Adaptive controller horizon, in samples."""
     estimator: Literal["k1", "k3"] = "k1"
     """Per-token KL estimator: ``k1`` (log-ratio) or ``k3`` (Schulman's unbiased, non-negative)."""
-    reference: Literal["init", "ema"] = "init"
-    """``init``: the initial model (LoRA: adapters disabled). ``ema``: the EMA weights, as the authors' IMDB code."""
+    reference: Literal["init", "ema", "lm"] = "init"
+    """``init``: the initial model (LoRA: adapters disabled). ``ema``: the EMA weights, as the authors' IMDB code.
+    ``lm``: the task's language model of the output language (``Task.reference_lm``), scoring each response on its
+    own: the Translation Game's KL PENALTY to an English LM (paper §4, after Lee et al. 2019)."""
 
 
 @dataclass
 class MethodConfig(_Section):
     name: Method = "kl"
-    """Drift control: one of ``none, kl, elastic_reset, reset_to_init, reset_to_ema, ema_only, nlpo, multitask``."""
+    """Drift control: one of ``none, kl, elastic_reset, reset_to_init, reset_to_ema, ema_only, nlpo, multitask,
+    frozen`` (``frozen``: the policy never updates, while a learning reward still learns from its samples: the
+    Translation Game's FROZEN ENGLISH, paper §4)."""
     decay: Annotated[float, Field(gt=0, lt=1)] = 0.995
     """EMA decay η (Elastic Reset and its ablations)."""
     reset_every: PositiveInt = 17
@@ -256,6 +261,9 @@ class EvalConfig(_Section):
     """Batch size of evaluation forwards."""
     ema: bool = True
     """Also evaluate the EMA weights (``eval_ema/*``) for methods that keep one."""
+    greedy: bool = False
+    """Evaluate on greedy responses (the most likely token at each step) instead of samples drawn with the training
+    settings: BLEU is measured on greedy translations (the Translation Game)."""
 
 
 @dataclass

@@ -30,10 +30,11 @@ class PolicyHandle:
     """The policy being trained (with LoRA: the peft model; its trainable parameters are the adapters)."""
     optimizer: torch.optim.Optimizer
     """The policy's optimizer (a reset may clear its state for the reset weights)."""
-    pretrain_texts: list[str]
-    """The task's pretraining text (multitask / S2P); may be empty."""
-    lm_loss: Callable[[list[str]], torch.Tensor]
-    """Mean token NLL of texts under the policy, with grad."""
+    pretrain_texts: list[str] | list[tuple[str, str]]
+    """The task's pretraining data (multitask / S2P): texts, or (source, target) pairs for an encoder-decoder
+    policy; may be empty."""
+    lm_loss: Callable[[list], torch.Tensor]
+    """Mean token NLL under the policy of a batch of ``pretrain_texts`` items, with grad."""
 
 
 class DriftMethod:
@@ -41,6 +42,8 @@ class DriftMethod:
 
     uses_kl = False
     """Whether the KL penalty enters the reward (method ``none`` runs β = 0 whatever ``kl.coef`` says)."""
+    updates_policy = True
+    """Whether the policy is updated at all (``frozen``: no, only a learning reward learns)."""
     ema: ElasticReset | None = None
     """The EMA / reset controller, for methods that keep one (evaluated as ``eval_ema/*``)."""
 
@@ -178,6 +181,13 @@ class Multitask(KLPenalty):
         self.position = int(state["position"])
 
 
+class Frozen(DriftMethod):
+    """The policy stays as it was: no update at all. With a learning reward (the Translation Game's listener) this
+    is the paper's FROZEN ENGLISH lower bound (§4): only the listener adapts to the frozen speaker."""
+
+    updates_policy = False
+
+
 METHOD_CLASSES: dict[str, type[DriftMethod]] = {
     "none": DriftMethod,
     "kl": KLPenalty,
@@ -187,6 +197,7 @@ METHOD_CLASSES: dict[str, type[DriftMethod]] = {
     "ema_only": EMAReset,
     "nlpo": NLPO,
     "multitask": Multitask,
+    "frozen": Frozen,
 }
 
 

@@ -61,16 +61,18 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-        # imdb-gpt2 is a folder that `elastic-reset build-policy imdb` wrote into the cache.
-        name = str(models.imdb_policy_path()) if config.name == "imdb-gpt2" else config.name
+        # imdb-gpt2 and translation-fr-en are folders that the project's build commands wrote into the cache.
+        cached = models.cached_model_path(config.name)
+        name = str(cached) if cached is not None else config.name
         try:
             hf_config = AutoConfig.from_pretrained(name)
             cls = AutoModelForSeq2SeqLM if hf_config.is_encoder_decoder else AutoModelForCausalLM
             model = cls.from_pretrained(name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError) as err:  # not a folder, not reachable on the hub, not a model
-            raise ConfigError(f"model.name: cannot load {config.name!r}: not one of tiny-llama, tiny-gpt2, "
-                              f"smollm2, imdb-gpt2, and from_pretrained failed ({str(err).splitlines()[0]})") from None
+            raise ConfigError(f"model.name: cannot load {config.name!r}: not one of tiny-llama, tiny-gpt2, smollm2, "
+                              f"imdb-gpt2, translation-fr-en, and from_pretrained failed "
+                              f"({str(err).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         raise ConfigError(
             f"model.name={config.name!r}: the tokenizer has no pad token; batched sampling needs one "

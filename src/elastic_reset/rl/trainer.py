@@ -7,6 +7,7 @@ make one on-policy pass). Read :meth:`RLTrainer.train_step` top to bottom for th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -32,7 +33,8 @@ from elastic_reset.lm.cpu_bf16 import (
     release_packed_linears,
     use_fp32_attention,
 )
-from elastic_reset.lm.scoring import forward_response
+from elastic_reset.lm.scoring import forward_response, seq2seq_nll
+from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import (
     checkpoint_dir,
@@ -80,6 +82,7 @@ class RLTrainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.task = task or get_task(config.task.name, config.task.data_dir, **config.task.options)
+        self.learned_reward = self.task.reward_fn if isinstance(self.task.reward_fn, LearnedReward) else None
 
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
         self.is_lora = config.model.lora is not None
@@ -89,6 +92,7 @@ class RLTrainer:
         self._check_task_inputs()
 
         self.reference = Reference(self.model, self.is_lora)
+        self.reference_lm = self._load_reference_lm() if config.kl.reference == "lm" else None
         self._frozen_casts: ExitStack | None = None
         self._cast_frozen_weights()
         self.trainable_params = [p for _, p in trainable_named_parameters(self.model)]
@@ -171,6 +175,28 @@ class RLTrainer:
         if len(self.task.train_prompts) < n:
             raise ConfigError(f"algo.prompts_per_step: {n} exceeds the task's {len(self.task.train_prompts)} "
                               "training prompts")
+        if self.model.config.is_encoder_decoder and self.task.drift_key == "perplexity":
+            raise ConfigError(f"task.name: task {self.task.name!r} measures drift by perplexity on held-out text, "
+                              "which is defined here for decoder-only models, and model.name is an encoder-decoder")
+
+    def _load_reference_lm(self) -> torch.nn.Module:
+        """The task's LM for ``kl.reference: lm``: frozen, in eval mode, on the policy's vocabulary."""
+        from transformers import AutoModelForCausalLM
+
+        path = self.task.reference_lm
+        if path is None:
+            raise ConfigError(f"kl.reference: 'lm' needs a task with a reference LM, and task {self.task.name!r} "
+                              "has none")
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"kl.reference: cannot load the task's reference LM {path} "
+                              f"({str(err).splitlines()[0]})") from None
+        if lm.config.vocab_size != self.model.config.vocab_size:
+            raise ConfigError(f"kl.reference: the task's reference LM {path} has a vocabulary of "
+                              f"{lm.config.vocab_size} tokens, the policy {self.model.config.vocab_size}")
+        lm.requires_grad_(False)
+        return lm.eval().to(self.device)
 
     # ------------------------------------------------------------------------------------------------- data
     def _next_prompts(self) -> list[str]:
@@ -201,9 +227,13 @@ class RLTrainer:
                                            skip_special_tokens=True)
 
     def _sample_eval(self, prompts: list[str], generator: torch.Generator) -> Rollout:
-        """One response per prompt with the training sampling settings, from ``generator`` (evaluation's draws)."""
+        """One response per prompt with the training sampling settings (greedy with ``eval.greedy``), from
+        ``generator`` (evaluation's draws)."""
         query_ids, query_mask = self._encode(prompts)
-        return sample(self.model, query_ids, query_mask, self.config.sampling,
+        settings = self.config.sampling
+        if self.config.eval.greedy:  # top-1 of the same distribution; the recorded log-probs stay at temperature T
+            settings = dataclasses.replace(settings, top_k=1, top_p=1.0)
+        return sample(self.model, query_ids, query_mask, settings,
                       pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                       generator=generator, autocast_dtype=self.autocast_dtype)
 
@@ -233,6 +263,8 @@ class RLTrainer:
         a fixed seed (not the run's: every run of a comparison scores the same texts), and kept in the run
         directory, so a resumed run reads them back instead of drawing them from trained weights."""
         e = self.config.eval
+        if self.model.config.is_encoder_decoder:
+            return []  # no perplexity (see _check_task_inputs): the task's own metrics measure drift
         if e.reference == "task":
             return list(self.task.reference_texts[:e.num_texts])
         if e.every == 0:
@@ -269,6 +301,21 @@ class RLTrainer:
             with self.reference.model() as ref:
                 yield ref
 
+    def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """log π_ref of each response token. The reference is the unmasked model: NLPO's mask restricts sampling,
+        not what drift is measured against. ``kl.reference: lm`` scores the response alone, after the LM's BOS (a
+        language model of the output language knows nothing of the prompt)."""
+        if self.reference_lm is not None:
+            bos = self.tokenizer.bos_token_id
+            if bos is None:
+                raise ConfigError("kl.reference: 'lm' needs a tokenizer with a BOS token to condition the LM on")
+            start = torch.full_like(rollout.response_ids[:, :1], bos)
+            alone = dataclasses.replace(rollout, query_ids=start, query_mask=torch.ones_like(start),
+                                        action_mask=None)
+            return self._forward(self.reference_lm, alone, masked=False).logprobs
+        with self._kl_reference() as ref:
+            return self._forward(ref, rollout, masked=False).logprobs
+
     def _forward(self, model, rollout: Rollout, *, hidden: bool = False, masked: bool = True,
                  entropy: bool = False, entropy_grad: bool = False):
         return forward_response(
@@ -277,10 +324,18 @@ class RLTrainer:
             compute_entropy=entropy or entropy_grad,
         )
 
-    def lm_loss(self, texts: list[str]) -> torch.Tensor:
-        """Mean token NLL of the policy on ``texts`` (the multitask / S2P loss), scored as perplexity is."""
-        nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.config.eval.max_text_tokens,
-                                autocast_dtype=self.autocast_dtype)
+    def lm_loss(self, texts: list) -> torch.Tensor:
+        """Mean token NLL of the policy on ``texts`` (the multitask / S2P loss), scored as perplexity is; for an
+        encoder-decoder policy, of each (source, target) pair's target given its source."""
+        if self.model.config.is_encoder_decoder:
+            if not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in texts):
+                raise ConfigError(f"method.name: multitask on an encoder-decoder policy needs (source, target) "
+                                  f"pairs as task {self.task.name!r}'s pretrain_texts")
+            nll, scored = seq2seq_nll(self.model, self.tokenizer, [s for s, _ in texts], [t for _, t in texts],
+                                      max_tokens=self.config.eval.max_text_tokens, autocast_dtype=self.autocast_dtype)
+        else:
+            nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.config.eval.max_text_tokens,
+                                    autocast_dtype=self.autocast_dtype)
         return nll.sum() / scored.sum().clamp(min=1)
 
     # ---------------------------------------------------------------------------------------- one iteration
@@ -319,7 +374,8 @@ class RLTrainer:
         # ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04 nats per token,
         # which would put noise (and a non-zero KL at step 0) into the penalty, so they are recomputed.
         n = len(rollout)
-        fused = c.algo.minibatch_size >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
+        updates = self.method.updates_policy
+        fused = updates and c.algo.minibatch_size >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
         old_logp = old_values = None
         with torch.no_grad():
             if not fused and self.value_head is not None:
@@ -328,9 +384,7 @@ class RLTrainer:
             elif not fused:
                 old_logp = (self._forward(self.model, rollout).logprobs if self.autocast_dtype is not None
                             else rollout.logprobs)
-            with self._kl_reference() as ref:
-                # The reference is the unmasked model: NLPO's mask restricts sampling, not what drift is measured against.
-                ref_logp = self._forward(ref, rollout, masked=False).logprobs
+            ref_logp = self._reference_logprobs(rollout)
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
         out = None
         if fused:
@@ -348,7 +402,9 @@ class RLTrainer:
 
         # 5. Policy (and value) update: epochs × minibatches.
         stats: dict[str, list[float]] = {}
-        if fused:
+        if not updates:
+            pass  # method `frozen`
+        elif fused:
             self._update(rollout, mask, advantages, old_logp, old_values, returns, stats, out=out)
             self.method.on_epoch_end()
         else:
@@ -360,7 +416,14 @@ class RLTrainer:
                                  None if old_values is None else old_values[idx],
                                  None if returns is None else returns[idx], stats)
                 self.method.on_epoch_end()
-        times["update"] = time.perf_counter() - t
+        times["update"], t = time.perf_counter() - t, time.perf_counter()
+
+        # 5b. A learning reward learns from the same batch (the Translation Game's listener, paper §4).
+        learned: dict[str, float] = {}
+        if self.learned_reward is not None:
+            kept = keep.nonzero().flatten().tolist()
+            learned = self.learned_reward.learn([prompts[i] for i in kept], [completions[i] for i in kept])
+            times["reward_learn"] = time.perf_counter() - t
 
         # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
         mean_kl = float(seq_kl[keep].mean())
@@ -376,6 +439,7 @@ class RLTrainer:
             "dropped": int((~keep).sum()),
         }
         record.update({key: sum(v) / len(v) for key, v in stats.items()})
+        record.update({f"reward_model/{key}": float(value) for key, value in learned.items()})
         record.update(self.method.on_iteration_end(self.step))
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         return record
@@ -464,9 +528,12 @@ class RLTrainer:
                 record.update(self._evaluate_current("eval_ema"))
         return record
 
-    def _evaluate_current(self, prefix: str) -> dict[str, Any]:
+    @torch.no_grad()
+    def _evaluate_current(self, prefix: str, prompts: list[str] | None = None) -> dict[str, Any]:
         e = self.config.eval
-        prompts = [p for p in self.task.eval_prompts[:e.num_prompts] for _ in range(e.samples_per_prompt)]
+        if prompts is None:
+            prompts = self.task.eval_prompts[:e.num_prompts]
+        prompts = [p for p in prompts for _ in range(e.samples_per_prompt)]
         # The same noise at every evaluation: differences between steps come from the weights, not the draw.
         generator = torch.Generator().manual_seed(self.config.seed + 1_000_003)
         scores, completions, kls = [], [], []
@@ -485,10 +552,11 @@ class RLTrainer:
         record = {
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
-            f"{prefix}/perplexity": perplexity(self.model, self.tokenizer, self.reference_texts,
-                                               max_tokens=e.max_text_tokens, batch_size=e.batch_size,
-                                               autocast_dtype=self.autocast_dtype),
         }
+        if self.reference_texts:
+            record[f"{prefix}/perplexity"] = perplexity(self.model, self.tokenizer, self.reference_texts,
+                                                        max_tokens=e.max_text_tokens, batch_size=e.batch_size,
+                                                        autocast_dtype=self.autocast_dtype)
         if self.task.metrics_fn is not None:
             for key, value in self.task.metrics_fn(prompts, completions).items():
                 record[f"{prefix}/{key}"] = float(value)
@@ -506,6 +574,7 @@ class RLTrainer:
             "kl_ctl": self.kl_ctl.state_dict(),
             "baseline": self.baseline.state_dict(),
             "method": self.method.state_dict(),
+            "reward_model": self.learned_reward.state_dict() if self.learned_reward is not None else None,
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
@@ -524,6 +593,10 @@ class RLTrainer:
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.baseline.load_state_dict(state["baseline"])
         self.method.load_state_dict(state["method"])
+        if self.learned_reward is not None:
+            if state.get("reward_model") is None:
+                raise ValueError("checkpoint: it holds no state of the task's learning reward")
+            self.learned_reward.load_state_dict(state["reward_model"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -610,6 +683,12 @@ class RLTrainer:
                 every = self.config.checkpoint_every
                 if (every and self.step % every == 0) or self.step == self.config.steps:
                     self.save()
+            tested = any(r["step"] == self.step and "test/reward" in r for r in self.metrics.records())
+            if self.task.test_prompts and not tested:
+                # Once, on the final weights: the task's test split (the final table of the Translation Game).
+                record = {"step": self.step, **self._evaluate_current("test", self.task.test_prompts)}
+                self._log(record)
+                written.append(record)
         finally:
             bar.close()
             self.close()

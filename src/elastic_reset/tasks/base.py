@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_reset.errors import ConfigError, DataFileError
+from elastic_reset.rewards.learned import LearnedReward
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 """``reward_fn(prompts, completions) -> one float per completion`` (TRL's reward-function convention)."""
@@ -21,17 +22,31 @@ class Task:
     """Prompts the policy is trained on (cycled through in a seeded order)."""
     eval_prompts: list[str]
     """Validation prompts (the first ``eval.num_prompts`` are used at every evaluation, so points are comparable)."""
-    reward_fn: RewardFn
-    """The reward the policy maximises."""
+    reward_fn: RewardFn | LearnedReward
+    """The reward the policy maximises. A :class:`~elastic_reset.rewards.learned.LearnedReward` also trains on
+    every batch, and its state is checkpointed with the run."""
     reference_texts: list[str]
-    """Held-out human-written text: drift is the policy's perplexity on it."""
-    pretrain_texts: list[str] = field(default_factory=list)
-    """Text for the multitask / S2P supervised loss (must not be the held-out reference text)."""
+    """Held-out human-written text: drift is the policy's perplexity on it. May be empty only for a task whose
+    drift is another metric (``drift_key``)."""
+    pretrain_texts: list[str] | list[tuple[str, str]] = field(default_factory=list)
+    """Supervised data for the multitask / S2P loss: text for a decoder-only policy, (source, target) pairs for an
+    encoder-decoder one. Must not be the held-out reference text."""
     metrics_fn: Callable[[list[str], list[str]], dict[str, float]] | None = None
     """Extra task metrics on validation samples, ``(prompts, completions) -> {name: value}``."""
+    test_prompts: list[str] = field(default_factory=list)
+    """Prompts evaluated once, after the last iteration (``test/...`` metrics); none by default."""
+    score_key: str = "reward"
+    """The evaluation metric that is the task score in reports and Pareto figures (``eval/<score_key>``)."""
+    drift_key: str = "perplexity"
+    """The evaluation metric that measures drift in reports (``eval/<drift_key>``; ``perplexity`` is the
+    engine's, anything else comes from ``metrics_fn``)."""
+    reference_lm: str | None = None
+    """A decoder-only LM (a Hugging Face folder) sharing the policy's tokenizer, for ``kl.reference: lm``: the KL
+    penalty to a language model of the output language (the Translation Game's English LM, paper §4)."""
 
     def __post_init__(self) -> None:
-        for key in ("train_prompts", "eval_prompts", "reference_texts"):
+        keys = ["train_prompts", "eval_prompts"] + (["reference_texts"] if self.drift_key == "perplexity" else [])
+        for key in keys:
             items = getattr(self, key)
             if not items:
                 raise DataFileError(f"task {self.name!r}: {key} is empty")

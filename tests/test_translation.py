@@ -1,0 +1,252 @@
+"""The Translation Game (paper §4): data split, vocabulary, BLEU, the learning listener, the methods, resume.
+
+Tiny agents (a 300-line vocabulary and one-layer 32-wide models, two epochs) are built once per session from
+../shared/data; every test that needs them skips, saying why, where the data is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from elastic_reset.io import read_metrics
+from elastic_reset.pretrain.translation import (
+    AgentConfig,
+    bleu,
+    build_agents,
+    game_pairs,
+    load_multi30k,
+    pretrain_part,
+    split_train,
+    train_tokenizer,
+)
+from elastic_reset.rl.config import config_from_dict
+from elastic_reset.rl.trainer import RLTrainer
+from elastic_reset.tasks import get_task
+
+from conftest import SHARED_DATA
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "translation.yaml"
+TINY_AGENTS = AgentConfig(vocab_size=300, d_model=32, layers=1, heads=2, ffn=64, max_epochs=2, batch_size=32,
+                          warmup=10)
+
+
+# ------------------------------------------------------------------------------------------------- BLEU
+def test_bleu_of_one_sentence_matches_the_hand_computed_value():
+    # Clipped n-gram matches 5/6, 3/5, 2/4, 1/3; equal lengths, so no brevity penalty.
+    expected = 100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25
+    assert bleu(["the cat sat on the mat"], ["the cat sat on a mat"]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_bleu_is_a_corpus_score_with_brevity_penalty():
+    # Sentence 2 is a perfect but short prefix (4 of 6 words). Corpus counts: 9/10, 6/8, 4/6, 2/4; hypothesis length
+    # 10 against reference length 12: brevity penalty exp(1 - 12/10). Not the mean of the two sentence scores.
+    expected = 100 * math.exp(1 - 12 / 10) * (9 / 10 * 6 / 8 * 4 / 6 * 2 / 4) ** 0.25
+    got = bleu(["the cat sat on the mat", "the cat sat on"], ["the cat sat on a mat", "the cat sat on the mat"])
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_bleu_extremes_and_mismatched_lengths():
+    assert bleu(["a man rides a red bike ."], ["a man rides a red bike ."]) == pytest.approx(100.0)
+    assert bleu(["xyz uvw qrs tuv"], ["a man rides a red bike ."]) == 0.0
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        bleu(["a", "b"], ["a"])
+
+
+# ------------------------------------------------------------------------------------- data and vocabulary
+def test_split_is_deterministic_disjoint_and_complete():
+    pre, game = split_train(1000)
+    assert (pre, game) == split_train(1000)
+    assert not set(pre) & set(game) and sorted(pre + game) == list(range(1000))
+    assert split_train(1000, seed=1) != (pre, game)
+
+
+def test_game_half_has_no_english_and_misses_the_pretraining_lines(shared_data):
+    train = load_multi30k(shared_data, "train")
+    pairs = game_pairs(train)
+    assert len(pairs) == 14_500 and all(len(p) == 2 for p in pairs)
+    english = set(pretrain_part(train)["en"])
+    _, game_idx = split_train(len(train["fr"]))
+    assert {train["fr"][i] for i in game_idx[:50]} == {fr for fr, _ in pairs[:50]}
+    assert not any(de in english for _, de in pairs)  # the pair carries German, not English
+    # Lowercased as the paper preprocesses Multi30k.
+    assert all(fr == fr.lower() for fr, _ in pairs[:100])
+
+
+def test_misaligned_files_are_refused_naming_the_folder(tmp_path):
+    import gzip
+
+    folder = tmp_path / "multi30k"
+    folder.mkdir()
+    for lang, n in (("fr", 3), ("en", 3), ("de", 2)):
+        with gzip.open(folder / f"val.{lang}.gz", "wt") as f:
+            f.write("\n".join(f"line {i}" for i in range(n)) + "\n")
+    with pytest.raises(Exception, match=r"multi30k.*not aligned.*'de': 2"):
+        load_multi30k(tmp_path, "val")
+
+
+def test_tokenizer_round_trips_text_and_ends_with_eos():
+    texts = ["un homme fait du vélo .", "a man rides a bike .", "ein mann fährt fahrrad ."] * 20
+    tok = train_tokenizer(texts, 120)
+    ids = tok("a man rides a bike .")["input_ids"]
+    assert ids[-1] == tok.eos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == "a man rides a bike ."
+
+
+# -------------------------------------------------------------------------------------------- tiny agents
+@pytest.fixture(scope="session")
+def agents(tmp_path_factory) -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"offline datasets not found at {SHARED_DATA} (set ELASTIC_RESET_DATA to the data folder)")
+    out = tmp_path_factory.mktemp("agents") / "translation-game"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lambda _: None)
+    torch.set_num_threads(threads)
+    return out
+
+
+def game_config(agents: Path, *overrides: str):
+    settings = [f"model.name={agents / 'fr-en'}", f"task.data_dir={SHARED_DATA}", "steps=4", "checkpoint_every=2",
+                "eval.every=2", "eval.num_prompts=8", "eval.batch_size=8", "algo.prompts_per_step=8",
+                "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false", "threads=1",
+                "method.reset_every=2", "method.multitask_batch=4"]
+    config = config_from_dict(yaml.safe_load(CONFIG.read_text()), [*settings, *overrides])
+    config.task.options["agents"] = str(agents)
+    return config
+
+
+def test_build_writes_three_models_with_the_shared_tokenizer(agents):
+    assert {p.name for p in agents.iterdir()} == {"fr-en", "en-de", "en-lm", "build_metrics.json"}
+    vocab = {(agents / name / "tokenizer.json").read_text() for name in ("fr-en", "en-de", "en-lm")}
+    assert len(vocab) == 1
+
+
+def test_listener_update_lowers_its_loss_on_the_batch(agents):
+    task = get_task("translation_game", str(SHARED_DATA), agents=str(agents), listener_lr=3e-3)
+    prompts = task.train_prompts[:8]
+    messages = ["a man is riding a bike .", "two dogs play in the snow ."] * 4
+    before = -sum(task.reward_fn(prompts, messages)) / 8
+    for _ in range(5):
+        task.reward_fn.learn(prompts, messages)
+    after = -sum(task.reward_fn(prompts, messages)) / 8
+    assert after < before - 0.1
+
+
+def test_frozen_speaker_never_changes_while_the_listener_learns(agents, tmp_path):
+    trainer = RLTrainer(game_config(agents, "method.name=frozen"), tmp_path / "run")
+    speaker = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    listener = {n: p.detach().clone() for n, p in trainer.learned_reward.model.named_parameters()}
+    records = trainer.train()
+    assert all(torch.equal(p, speaker[n]) for n, p in trainer.model.named_parameters())
+    assert any(not torch.equal(p, listener[n]) for n, p in trainer.learned_reward.model.named_parameters())
+    assert all("reward_model/loss" in r for r in records if "reward" in r)
+
+
+def test_speaker_gradient_is_the_reinforce_gradient_only(agents, tmp_path, monkeypatch):
+    # The listener reads text: its loss has no path to the speaker. With the REINFORCE loss switched off (advantages
+    # zero and no entropy bonus), an iteration leaves the speaker without any gradient at all.
+    from elastic_reset.rl import trainer as trainer_module
+
+    trainer = RLTrainer(game_config(agents, "method.name=none", "algo.entropy_coef=0.0", "algo.max_grad_norm=null"),
+                        tmp_path / "run")
+    monkeypatch.setattr(trainer_module.RLTrainer, "_advantages",
+                        lambda self, rollout, scores, keep, mask, *a: (torch.zeros_like(mask), None))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    record = trainer.train_step()
+    assert record["grad_norm"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize("method", [
+    ["method.name=none"],
+    ["method.name=kl"],
+    ["method.name=kl", "kl.reference=lm"],
+    ["method.name=multitask"],
+    ["method.name=reset_to_init", "kl.coef=0.001"],
+    ["method.name=reset_to_ema", "kl.coef=0.001"],
+    ["method.name=elastic_reset", "kl.coef=0.001"],
+])
+def test_each_method_plays_a_few_iterations(agents, tmp_path, method):
+    records = RLTrainer(game_config(agents, *method), tmp_path / "run").train()
+    evals = [r for r in records if "eval/task_bleu" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    assert all(0 <= r["eval/drift_bleu"] <= 100 and "eval/perplexity" not in r for r in evals)
+    assert [r["step"] for r in records if "test/task_bleu" in r] == [4]
+    if "method.name=multitask" in method:
+        assert all(r["multitask/nll"] > 0 for r in records if "reward" in r)
+    if any("reset" in m for m in method):
+        assert [r["step"] for r in records if "reset" in r] == [2, 4]
+
+
+def test_kl_to_the_english_lm_scores_the_message_alone(agents, tmp_path):
+    trainer = RLTrainer(game_config(agents, "method.name=kl", "kl.reference=lm"), tmp_path / "run")
+    prompts = trainer.task.train_prompts[:3]
+    rollout = trainer._sample_eval(prompts, torch.Generator().manual_seed(0))
+    got = trainer._reference_logprobs(rollout)
+    lm = trainer.reference_lm
+    for i in range(3):
+        n = int(rollout.response_mask[i].sum())
+        ids = torch.cat([torch.tensor([trainer.tokenizer.bos_token_id]), rollout.response_ids[i, :n]])
+        logp = torch.log_softmax(lm(input_ids=ids[None]).logits[0, :-1].float(), -1)
+        expected = logp.gather(-1, ids[1:, None]).squeeze(-1)
+        assert torch.allclose(got[i, :n], expected, atol=1e-5)
+        assert torch.all(got[i, n:] == 0)
+
+
+def test_encoder_decoder_task_with_perplexity_drift_is_refused(agents, tmp_path):
+    from elastic_reset.errors import ConfigError
+    from elastic_reset.tasks.base import Task
+
+    task = get_task("translation_game", str(SHARED_DATA), agents=str(agents))
+    plain = Task(name="t", train_prompts=task.train_prompts, eval_prompts=task.eval_prompts,
+                 reward_fn=task.reward_fn, reference_texts=["some text"])
+    with pytest.raises(ConfigError, match="perplexity.*encoder-decoder"):
+        RLTrainer(game_config(agents), tmp_path / "run", task=plain)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_path):
+    settings = [f"model.name={agents / 'fr-en'}", f"task.data_dir={SHARED_DATA}", "steps=6", "checkpoint_every=2",
+                "eval.every=3", "eval.num_prompts=8", "eval.batch_size=8", "algo.prompts_per_step=8",
+                "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false", "threads=1",
+                "method.name=elastic_reset", "kl.coef=0.001", "method.reset_every=3"]
+    config = yaml.safe_load(CONFIG.read_text())
+    config["task"]["options"]["agents"] = str(agents)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    sets = [a for s in settings for a in ("--set", s)]
+
+    def cli(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "elastic_reset.cli", "train", str(path), "--out", str(out), *sets, *extra]
+
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    subprocess.run(cli(tmp_path / "full"), check=True, capture_output=True, env=env)
+    proc = subprocess.Popen(cli(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= 3 and "reward" in r for r in read_metrics(metrics)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(cli(tmp_path / "killed", "--resume"), check=True, capture_output=True, env=env)
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+    full, resumed = read_metrics(tmp_path / "full" / "metrics.jsonl"), read_metrics(metrics)
+    assert strip(resumed) == strip(full)
+    losses = [r["reward_model/loss"] for r in full if "reward_model/loss" in r]
+    assert len(losses) == 6 and len(set(losses)) == 6  # the listener trained at every iteration
