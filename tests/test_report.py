@@ -341,3 +341,29 @@ def test_compare_resumes_where_it_stopped(grid, monkeypatch):
     assert after == before  # resuming reproduces the uninterrupted run
     summary = json.loads((grid / "summary.json").read_text())
     assert [r["action"] for r in summary["runs"]] == ["skipped", "resumed", "skipped", "skipped"]
+
+
+def test_bleu_drift_is_higher_is_better_and_test_scores_are_tabled(tmp_path):
+    # The Translation Game's report: x = eval/task_bleu, y = eval/drift_bleu (higher is better), plus the test pass.
+    def game_run(run_dir: Path, seed: int, drifts: list[float], test: tuple[float, float]) -> Path:
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "steps": 4, "method": {"name": "none"}}))
+        lines = [{"step": s, "eval/reward": -1.0, "eval/task_bleu": 10.0 + s, "eval/drift_bleu": d}
+                 for s, d in zip((0, 2, 4), drifts)]
+        lines.append({"step": 4, "test/reward": -1.0, "test/task_bleu": test[0], "test/drift_bleu": test[1]})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return run_dir
+
+    runs = [load_run(game_run(tmp_path / f"s{seed}", seed, [30.0, 20.0 + seed, 10.0], (12.0 + seed, 25.0)),
+                     score="task_bleu", drift="drift_bleu") for seed in (0, 1)]
+    assert runs[0].rewards.tolist() == [10.0, 12.0, 14.0] and runs[1].test == (13.0, 25.0)
+    summary = summarize(group_runs(runs))
+    assert summary["lower_is_better"] is False and summary["score"] == "task_bleu"
+    assert summary["methods"]["none"]["test_score"]["mean"] == pytest.approx(12.5)
+    # Higher drift BLEU is better: at task level 12 the best seen at ≥ 12 is 20.5 (mean of 20 and 21), not 10.
+    frontier = summary["methods"]["none"]["frontier"]
+    at_12 = frontier["mean"][int(np.argmin(np.abs(np.array(frontier["levels"]) - 12.0)))]
+    assert at_12 == pytest.approx(20.5)
+    assert "test task_bleu" in format_table(summary)
+    with pytest.raises(ReportError, match="score"):
+        load_run(tmp_path / "s0", score="bleu")

@@ -86,6 +86,8 @@ class Run:
     """``steps`` of its config: the run is finished when its last evaluation is there."""
     score: str = "reward"
     """Which task score ``rewards`` holds (a key of :data:`SCORES`)."""
+    test: tuple[float, float] | None = None
+    """(score, drift) of the run's final test evaluation (``test/*`` records, tasks with test prompts), if any."""
 
 
 def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "perplexity",
@@ -141,7 +143,10 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
     # Keyed by step: should a line ever be repeated (a resume that could not truncate), the later one wins.
     evals: dict[int, tuple[float, float]] = {}
     resets: set[int] = set()
+    test = None
     for r in records:
+        if f"test/{score}" in r and f"test/{metric.key}" in r:
+            test = (float(r[f"test/{score}"]), float(r[f"test/{metric.key}"]))
         if reward_key in r:
             if drift_key not in r:
                 raise ReportError(f"{metrics_path}: the evaluation record of step {r.get('step')} has "
@@ -162,6 +167,7 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
         reset_steps=sorted(resets),
         total_steps=int(config["steps"]) if "steps" in config else None,
         score=score,
+        test=test,
     )
 
 

@@ -107,6 +107,10 @@ def summarize(groups: dict[str, list[Run]]) -> dict[str, Any]:
             "final_drift": {"mean": float(drift_mean), "se": float(drift_se)},
             "frontier": frontiers[name].to_dict(),
         }
+        if all(r.test is not None for r in runs):  # the task's test split, evaluated once after training
+            for i, key in enumerate(("test_score", "test_drift")):
+                mean, se = mean_and_se(np.array([r.test[i] for r in runs]))
+                methods[name][key] = {"mean": float(mean), "se": float(se)}
     score = group_score(groups)
     return to_jsonable({"drift": drift, "drift_label": metric.label, "lower_is_better": metric.lower_is_better,
                         "score": score, "score_label": SCORES[score], "methods": methods})
@@ -120,9 +124,14 @@ def format_table(summary: dict[str, Any]) -> str:
             return "n/a"
         return f"{mean:.4g} ± {se:.2g}" if se is not None else f"{mean:.4g}"
 
-    header = ["method", "seeds", "final step", f"final {summary.get('score', 'reward')}", f"final {summary['drift']}"]
+    score, drift = summary.get("score", "reward"), summary["drift"]
+    header = ["method", "seeds", "final step", f"final {score}", f"final {drift}"]
     rows = [[name, str(m["n_seeds"]), ",".join(str(s) for s in sorted(set(m["final_steps"]))),
              pm(m["final_reward"]), pm(m["final_drift"])] for name, m in summary["methods"].items()]
+    if all("test_score" in m for m in summary["methods"].values()):
+        header += [f"test {score}", f"test {drift}"]
+        for row, m in zip(rows, summary["methods"].values()):
+            row += [pm(m["test_score"]), pm(m["test_drift"])]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
