@@ -23,6 +23,7 @@ from elastic_reset.pretrain.translation import (
     bleu,
     build_agents,
     game_pairs,
+    length_batches,
     load_multi30k,
     pretrain_part,
     split_train,
@@ -92,6 +93,15 @@ def test_misaligned_files_are_refused_naming_the_folder(tmp_path):
             f.write("\n".join(f"line {i}" for i in range(n)) + "\n")
     with pytest.raises(Exception, match=r"multi30k.*not aligned.*'de': 2"):
         load_multi30k(tmp_path, "val")
+
+
+def test_length_batches_cover_every_index_once_with_little_padding():
+    lengths = [(7 * i) % 31 + 1 for i in range(1000)]
+    batches = length_batches(lengths, 16, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert batches == length_batches(lengths, 16, seed=3) and batches != length_batches(lengths, 16, seed=4)
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    assert spread < 3  # a random batch of 16 spans ~28 of the 31 lengths
 
 
 def test_tokenizer_round_trips_text_and_ends_with_eos():

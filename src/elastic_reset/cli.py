@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     game.add_argument("--out", default=None, help="where to write them (default: the cache path the "
                       "translation_game task reads)")
     game.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
-                      "(default 8; each stops early on its validation score)")
+                      "(default 10; each stops early on its validation score)")
     game.add_argument("--force", action="store_true", help="replace agents already at --out")
     game.set_defaults(func=_build_translation)
     return parser
