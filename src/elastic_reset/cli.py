@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy.set_defaults(func=_build_policy)
 
     game = sub.add_parser("build-translation", help="pretrain the Translation Game's agents (FR→EN, EN→DE, an "
-                                                    "English LM) on half of Multi30k train, ~20 min on a CPU")
+                                                    "English LM) on half of Multi30k train, ~40 min on 2 cores")
     game.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
     game.add_argument("--out", default=None, help="where to write them (default: the cache path the "
                       "translation_game task reads)")

@@ -105,7 +105,7 @@ def translation_agents_path(required: bool = True) -> Path:
     path = cache_dir() / TRANSLATION_DIRNAME
     if required and not (path / "fr-en" / "config.json").is_file():
         raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
-                                "(about 20 minutes on a 2-core CPU)")
+                                "(about 40 minutes on a 2-core CPU)")
     return path
 
 
