@@ -69,6 +69,10 @@ def test_split_is_deterministic_disjoint_and_complete():
     assert (pre, game) == split_train(1000)
     assert not set(pre) & set(game) and sorted(pre + game) == list(range(1000))
     assert split_train(1000, seed=1) != (pre, game)
+    small, rest = split_train(1000, pretrain_lines=100)
+    assert len(small) == 100 and not set(small) & set(rest) and len(rest) == 900
+    with pytest.raises(ValueError, match="pretrain_lines"):
+        split_train(1000, pretrain_lines=1000)
 
 
 def test_game_half_has_no_english_and_misses_the_pretraining_lines(shared_data):
@@ -139,6 +143,25 @@ def test_build_writes_three_models_with_the_shared_tokenizer(agents):
     assert {p.name for p in agents.iterdir()} == {"fr-en", "en-de", "en-lm", "build_metrics.json"}
     vocab = {(agents / name / "tokenizer.json").read_text() for name in ("fr-en", "en-de", "en-lm")}
     assert len(vocab) == 1
+
+
+def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_path):
+    import json
+    import shutil
+
+    half = get_task("translation_game", str(SHARED_DATA), agents=str(agents))
+    assert len(half.train_prompts) == 14_490  # the default half, 8 duplicate French sentences merged
+    other = tmp_path / "agents"
+    shutil.copytree(agents, other)
+    metrics = json.loads((other / "build_metrics.json").read_text())
+    metrics["split"]["pretrain_lines"] = 4000
+    (other / "build_metrics.json").write_text(json.dumps(metrics))
+    task = get_task("translation_game", str(SHARED_DATA), agents=str(other))
+    train = load_multi30k(SHARED_DATA, "train")
+    assert set(task.train_prompts) == {fr for fr, _ in game_pairs(train, pretrain_lines=4000)}
+    assert len(task.pretrain_texts) == 4000
+    # Disjoint lines; a French sentence can still occur on a line of each part (Multi30k repeats a few).
+    assert len(set(task.train_prompts) & {fr for fr, _ in task.pretrain_texts}) < 20
 
 
 def test_listener_update_lowers_its_loss_on_the_batch(agents):

@@ -140,7 +140,9 @@ def _build_translation(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else translation_agents_path(required=False)
     if out.exists() and not args.force:
         raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
-    config = AgentConfig() if args.max_epochs is None else replace(AgentConfig(), max_epochs=args.max_epochs)
+    config = AgentConfig(pretrain_lines=args.pretrain_lines)
+    if args.max_epochs is not None:
+        config = replace(config, max_epochs=args.max_epochs)
     metrics = build_agents(args.data_dir, out, config)
     val = metrics["pretrained"]["val"]
     print(f"Translation Game agents written to {out} in {metrics['build_seconds']:.0f} s; PRETRAINED (val): task "
@@ -245,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "translation_game task reads)")
     game.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
                       "(default 10; each stops early on its validation score)")
+    game.add_argument("--pretrain-lines", type=_positive_int, default=None, help="lines of Multi30k train to "
+                      "pretrain on (default: half, 14,500); the game is played on the rest")
     game.add_argument("--force", action="store_true", help="replace agents already at --out")
     game.set_defaults(func=_build_translation)
     return parser

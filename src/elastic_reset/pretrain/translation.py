@@ -70,23 +70,28 @@ def load_multi30k(data_dir: str | Path, split: str) -> dict[str, list[str]]:
     return out
 
 
-def split_train(n_lines: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Line indices of the pretraining half and the game half of Multi30k train: a seeded shuffle cut in two."""
+def split_train(n_lines: int, seed: int = 0, pretrain_lines: int | None = None) -> tuple[list[int], list[int]]:
+    """Line indices of the pretraining part and the game part of Multi30k train: a seeded shuffle cut after
+    ``pretrain_lines`` (default: half)."""
+    cut = n_lines // 2 if pretrain_lines is None else pretrain_lines
+    if not 0 < cut < n_lines:
+        raise ValueError(f"pretrain_lines: expected 1 to {n_lines - 1}, got {pretrain_lines}")
     order = list(range(n_lines))
     random.Random(f"multi30k-split-{seed}").shuffle(order)
-    half = n_lines // 2
-    return sorted(order[:half]), sorted(order[half:])
+    return sorted(order[:cut]), sorted(order[cut:])
 
 
-def pretrain_part(train: dict[str, list[str]], seed: int = 0) -> dict[str, list[str]]:
-    """The pretraining half, all three languages."""
-    idx, _ = split_train(len(train["fr"]), seed)
+def pretrain_part(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int | None = None
+                  ) -> dict[str, list[str]]:
+    """The pretraining part, all three languages."""
+    idx, _ = split_train(len(train["fr"]), seed, pretrain_lines)
     return {lang: [lines[i] for i in idx] for lang, lines in train.items()}
 
 
-def game_pairs(train: dict[str, list[str]], seed: int = 0) -> list[tuple[str, str]]:
-    """The game half as (French, German) pairs; the English of these lines is dropped here."""
-    _, idx = split_train(len(train["fr"]), seed)
+def game_pairs(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int | None = None
+               ) -> list[tuple[str, str]]:
+    """The game part as (French, German) pairs; the English of these lines is dropped here."""
+    _, idx = split_train(len(train["fr"]), seed, pretrain_lines)
     return [(train["fr"][i], train["de"][i]) for i in idx]
 
 
@@ -154,6 +159,9 @@ class AgentConfig:
     """Tokens kept per sentence (Multi30k sentences average ~17 tokens; almost none are longer)."""
     seed: int = 0
     """Seeds the weights and the batch order (the train split has its own fixed seed, :func:`split_train`)."""
+    pretrain_lines: int | None = None
+    """Lines of Multi30k train the agents are pretrained on (default: half, 14,500); the game is played on the
+    rest. Recorded in ``build_metrics.json``, where the task reads it back."""
 
 
 def build_translator(config: AgentConfig, tokenizer):
@@ -328,7 +336,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
     ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests)."""
     t_start = time.perf_counter()
-    part = pretrain_part(load_multi30k(data_dir, "train"))
+    part = pretrain_part(load_multi30k(data_dir, "train"), pretrain_lines=config.pretrain_lines)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
     if limit is not None:
         part = {lang: lines[:limit] for lang, lines in part.items()}
@@ -346,7 +354,8 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         "agents": {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info},
         "pretrained": {"val": pretrained_scores(speaker, listener, tokenizer, val),
                        "test": pretrained_scores(speaker, listener, tokenizer, test)},
-        "pretrain_lines": len(part["fr"]), "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
+        "pretrain_lines": len(part["fr"]), "split": {"seed": 0, "pretrain_lines": config.pretrain_lines},
+        "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
         "torch_threads": torch.get_num_threads(),
     }
     log("build-translation: PRETRAINED " + ", ".join(f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"

@@ -19,6 +19,7 @@ Build the agents first: ``elastic-reset build-translation --data-dir ../shared/d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from elastic_reset.errors import ConfigError
@@ -41,11 +42,15 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
         raise ConfigError(f"task.options.listener_lr: expected a positive number, got {listener_lr!r}")
     agents_dir = Path(agents) if agents is not None else translation_agents_path()
     train = load_multi30k(data_dir, "train")
+    # The split the agents were pretrained with: the game must be played on the lines they never saw.
+    metrics_path = agents_dir / "build_metrics.json"
+    split = json.loads(metrics_path.read_text()).get("split", {}) if metrics_path.is_file() else {}
+    pretrain_lines = split.get("pretrain_lines")  # None: the default half
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
 
     german_of: dict[str, str] = {}
-    for fr, de in game_pairs(train):
-        german_of.setdefault(fr, de)  # 8 French sentences occur twice in the game half: the first German is kept
+    for fr, de in game_pairs(train, pretrain_lines=pretrain_lines):
+        german_of.setdefault(fr, de)  # a French sentence that occurs twice (8 in the half split): first German kept
     game_prompts = list(german_of)
     english_of = {}
     for split in (val, test):
@@ -58,7 +63,7 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
         return {"drift_bleu": bleu(completions, [english_of[p] for p in prompts]),
                 "task_bleu": bleu(german, [german_of[p] for p in prompts])}
 
-    part = pretrain_part(train)
+    part = pretrain_part(train, pretrain_lines=pretrain_lines)
     return Task(name="translation_game", train_prompts=game_prompts, eval_prompts=list(val["fr"]),
                 reward_fn=listener, reference_texts=[], pretrain_texts=list(zip(part["fr"], part["en"])),
                 metrics_fn=metrics, test_prompts=list(test["fr"]), score_key="task_bleu", drift_key="drift_bleu",
