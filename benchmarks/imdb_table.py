@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from elastic_reset.evaluation.pareto import mean_and_se
-from elastic_reset.rl.checkpoint import read_metrics
+from elastic_reset.io import read_metrics
 
 
 def pm(values: list[float], digits: int) -> str:
     mean, se = mean_and_se(np.asarray(values, dtype=float))
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+    return f"{mean:.{digits}f}" if len(values) < 2 else f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
 def main(results: Path) -> None:
@@ -29,14 +29,17 @@ def main(results: Path) -> None:
     print("|---|---|---|---|---|---|")
     for name, entry in summary["methods"].items():
         finals, best = [], []
-        for run in entry["runs"]:
-            evals = [r for r in read_metrics(results / "runs" / run / "metrics.jsonl") if "eval/reward" in r]
+        # Every seed copied into results/ (a grid stopped part-way may hold more seeds than summary.json covers).
+        for run_dir in sorted((results / "runs" / name).glob("seed*")):
+            evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/reward" in r]
             finals.append(evals[-1])
             best.append(max(r["eval/reward"] for r in evals))
         print(f"| {name} | {len(finals)} | {pm([r['eval/reward'] for r in finals], 3)} | "
               f"{pm([r['eval/perplexity'] for r in finals], 2)} | {pm([r['eval/kl_init'] for r in finals], 2)} | "
               f"{pm(best, 3)} |")
     print()
+    seeds = sorted({s for entry in summary["methods"].values() for s in entry["seeds"]})
+    print(f"Frontier dominance (summary.json, seeds {seeds}):")
     for row in summary["dominance"]:
         print(f"- {row['text']}")
 
