@@ -128,6 +128,13 @@ def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max
     return (nll, mask, logits) if return_logits else (nll, mask)
 
 
+def label_smoothed_loss(nll: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Mean per-token cross-entropy with label smoothing ε (the target gets 1 − ε, every token ε / V), from
+    :func:`seq2seq_nll`'s ``(nll, mask, logits)``: (1 − ε)·NLL + ε·(mean over the vocabulary of −log p)."""
+    smooth = -torch.log_softmax(logits.float(), -1).mean(-1) * mask
+    return ((1 - epsilon) * nll.sum() + epsilon * smooth.sum()) / mask.sum().clamp(min=1)
+
+
 def forward_response(model, batch_or_query_ids, query_mask: torch.Tensor | None = None,
                      response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
                      temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,

@@ -35,7 +35,7 @@ import torch
 from elastic_reset.errors import DataFileError
 from elastic_reset.io import save_folder_atomically
 from elastic_reset.lm.greedy import greedy_translate
-from elastic_reset.lm.scoring import seq2seq_nll
+from elastic_reset.lm.scoring import label_smoothed_loss, seq2seq_nll
 
 LANGS = ("fr", "en", "de")
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -251,9 +251,7 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
 def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> torch.Tensor:
     nll, mask, logits = seq2seq_nll(model, tokenizer, sources, targets, max_tokens=config.max_tokens,
                                     return_logits=True)
-    smooth = -torch.log_softmax(logits.float(), -1).mean(-1) * mask
-    eps = config.label_smoothing
-    return ((1 - eps) * nll.sum() + eps * smooth.sum()) / mask.sum()
+    return label_smoothed_loss(nll, mask, logits, config.label_smoothing)
 
 
 def pretrain_translator(sources: list[str], targets: list[str], val_sources: list[str], val_targets: list[str],
