@@ -2,11 +2,13 @@
 
 The paper pretrains a FR→EN and an EN→DE Transformer on IWSLT, then plays FR→EN→DE on Multi30k with French and
 German only. IWSLT is not available here, so ``elastic-reset build-translation`` splits the 29,000 aligned
-Multi30k *train* lines in two disjoint halves by a seeded shuffle:
+Multi30k *train* lines in two disjoint parts by a seeded shuffle (halves by default; ``--pretrain-lines`` sets the
+size of the first):
 
 - the **pretraining half** (all three languages): a joint subword vocabulary (``tokenizers`` BPE over fr+en+de),
-  the FR→EN *speaker* and the EN→DE *listener* (small ``transformers`` pre-LN encoder–decoders (M2M100 architecture)), and an English
-  LM (a small GPT-2) for the KL-to-an-LM baseline (the paper's LSTM LM on IWSLT English, §4);
+  the FR→EN *speaker* and the EN→DE *listener* (small pre-LN encoder–decoders, transformers' M2M100
+  architecture), and an English LM (a small GPT-2) for the KL-to-an-LM baseline (the paper's LSTM LM on IWSLT
+  English, §4);
 - the **game half**: FR–DE pairs only (:func:`game_pairs`). Its English is never read by anything.
 
 Both halves come from the same domain, so, unlike the paper's IWSLT agents, ours start in-domain: the paper's
@@ -96,8 +98,8 @@ def game_pairs(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int |
 
 
 def bleu(hypotheses: list[str], references: list[str]) -> float:
-    """Corpus BLEU (sacreBLEU's defaults: 13a tokenization, exponential smoothing off) of detokenized text, one
-    reference per hypothesis; 0-100."""
+    """Corpus BLEU (sacreBLEU's defaults: 13a tokenization, ``exp`` smoothing of zero n-gram counts) of detokenized
+    text, one reference per hypothesis; 0-100."""
     import sacrebleu
 
     if len(hypotheses) != len(references):
@@ -265,10 +267,10 @@ def pretrain_translator(sources: list[str], targets: list[str], val_sources: lis
             yield lambda idx=idx: _smoothed_nll(model, tokenizer, [sources[i] for i in idx],
                                                 [targets[i] for i in idx], config)
 
-    t0 = time.perf_counter()
     def val_bleu() -> float:
         return bleu(greedy_translate(model, tokenizer, val_sources), val_targets)
 
+    t0 = time.perf_counter()
     score, epochs = _train(model, batches, val_bleu, config, name, log, higher_is_better=True)
     return model, {"val_bleu": score, "epochs": epochs, "seconds": time.perf_counter() - t0,
                    "parameters": sum(p.numel() for p in model.parameters())}
@@ -293,7 +295,6 @@ def lm_nll(model, tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.T
 def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, config: AgentConfig, log=print):
     """The English LM of the KL baseline, early-stopped on val perplexity. Returns (model, info)."""
     model = build_english_lm(config, tokenizer)
-
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
 
     def batches(epoch: int):

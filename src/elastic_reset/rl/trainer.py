@@ -195,6 +195,8 @@ class RLTrainer:
         if lm.config.vocab_size != self.model.config.vocab_size:
             raise ConfigError(f"kl.reference: the task's reference LM {path} has a vocabulary of "
                               f"{lm.config.vocab_size} tokens, the policy {self.model.config.vocab_size}")
+        if self.tokenizer.bos_token_id is None:
+            raise ConfigError("kl.reference: 'lm' needs a tokenizer with a BOS token to condition the LM on")
         lm.requires_grad_(False)
         return lm.eval().to(self.device)
 
@@ -306,10 +308,7 @@ class RLTrainer:
         not what drift is measured against. ``kl.reference: lm`` scores the response alone, after the LM's BOS (a
         language model of the output language knows nothing of the prompt)."""
         if self.reference_lm is not None:
-            bos = self.tokenizer.bos_token_id
-            if bos is None:
-                raise ConfigError("kl.reference: 'lm' needs a tokenizer with a BOS token to condition the LM on")
-            start = torch.full_like(rollout.response_ids[:, :1], bos)
+            start = torch.full_like(rollout.response_ids[:, :1], self.tokenizer.bos_token_id)
             alone = dataclasses.replace(rollout, query_ids=start, query_mask=torch.ones_like(start),
                                         action_mask=None)
             return self._forward(self.reference_lm, alone, masked=False).logprobs
@@ -517,7 +516,6 @@ class RLTrainer:
             + " Lower algo.lr (or set algo.max_grad_norm) and start again in another --out")
 
     # ------------------------------------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Validation reward, drift (perplexity on held-out text, KL to the initial model on fresh samples), task
         metrics; the same for the EMA weights where the method keeps one. Uses its own RNG, so evaluating never
