@@ -9,7 +9,8 @@
     elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
     elastic-reset build-policy imdb [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
-    elastic-reset build-translation --data-dir ../shared/data [--out DIR] [--max-epochs N] [--force]
+    elastic-reset build-translation --data-dir ../shared/data [--out DIR] [--max-epochs N] [--label-smoothing E]
+                                   [--device auto|cpu|cuda] [--force]
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ def _build_translation(args: argparse.Namespace) -> int:
     config = AgentConfig(pretrain_lines=args.pretrain_lines)
     if args.max_epochs is not None:
         config = replace(config, max_epochs=args.max_epochs)
-    metrics = build_agents(args.data_dir, out, config)
+    if args.label_smoothing is not None:
+        config = replace(config, label_smoothing=args.label_smoothing)
+    metrics = build_agents(args.data_dir, out, config, device=args.device)
     val = metrics["pretrained"]["val"]
     print(f"Translation Game agents written to {out} in {metrics['build_seconds']:.0f} s; PRETRAINED (val): task "
           f"{val['task_bleu']:.1f} BLEU, drift {val['drift_bleu']:.1f} BLEU")
@@ -249,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default 10; each stops early on its validation score)")
     game.add_argument("--pretrain-lines", type=_positive_int, default=None, help="lines of Multi30k train to "
                       "pretrain on (default: half, 14,500); the game is played on the rest")
+    game.add_argument("--label-smoothing", type=float, default=None, help="label smoothing of the pretraining "
+                      "loss (default 0.1)")
+    game.add_argument("--device", default="auto", help="where to pretrain: cpu, cuda, cuda:N, or auto (CUDA when "
+                      "present; a GPU builds the agents in minutes)")
     game.add_argument("--force", action="store_true", help="replace agents already at --out")
     game.set_defaults(func=_build_translation)
     return parser

@@ -257,9 +257,9 @@ def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> to
 
 
 def pretrain_translator(sources: list[str], targets: list[str], val_sources: list[str], val_targets: list[str],
-                        tokenizer, config: AgentConfig, name: str, log=print):
+                        tokenizer, config: AgentConfig, name: str, log=print, device: str = "cpu"):
     """A translator trained on (source, target) pairs, early-stopped on greedy val BLEU. Returns (model, info)."""
-    model = build_translator(config, tokenizer)
+    model = build_translator(config, tokenizer).to(device)
     lengths = [len(ids) for ids in tokenizer(targets)["input_ids"]]
 
     def batches(epoch: int):
@@ -286,15 +286,17 @@ def lm_nll(model, tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.T
     for i, row in enumerate(ids):
         batch[i, :len(row)] = torch.tensor(row)
         mask[i, :len(row)] = 1
+    batch, mask = batch.to(model.device), mask.to(model.device)
     logits = model(input_ids=batch, attention_mask=mask).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
     scored = mask[:, 1:].float()
     return nll * scored, scored
 
 
-def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, config: AgentConfig, log=print):
+def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, config: AgentConfig, log=print,
+                        device: str = "cpu"):
     """The English LM of the KL baseline, early-stopped on val perplexity. Returns (model, info)."""
-    model = build_english_lm(config, tokenizer)
+    model = build_english_lm(config, tokenizer).to(device)
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
 
     def batches(epoch: int):
@@ -330,10 +332,13 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
 
 
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
-                 log=print) -> dict:
+                 log=print, device: str = "cpu") -> dict:
     """Everything ``elastic-reset build-translation`` writes into ``out`` (atomically, as one folder):
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
-    ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests)."""
+    ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests). ``device``:
+    where to train (``auto``: CUDA when present); the folder holds the weights the same way either way."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     t_start = time.perf_counter()
     part = pretrain_part(load_multi30k(data_dir, "train"), pretrain_lines=config.pretrain_lines)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
@@ -345,24 +350,24 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     log(f"build-translation: joint vocabulary of {len(tokenizer)} tokens on {len(part['fr']):,} pretraining lines "
         f"x 3 languages")
     speaker, speaker_info = pretrain_translator(part["fr"], part["en"], val["fr"], val["en"], tokenizer, config,
-                                                "fr-en", log)
+                                                "fr-en", log, device)
     listener, listener_info = pretrain_translator(part["en"], part["de"], val["en"], val["de"], tokenizer, config,
-                                                  "en-de", log)
-    lm, lm_info = pretrain_english_lm(part["en"], val["en"], tokenizer, config, log)
+                                                  "en-de", log, device)
+    lm, lm_info = pretrain_english_lm(part["en"], val["en"], tokenizer, config, log, device)
     metrics = {
         "agents": {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info},
         "pretrained": {"val": pretrained_scores(speaker, listener, tokenizer, val),
                        "test": pretrained_scores(speaker, listener, tokenizer, test)},
         "pretrain_lines": len(part["fr"]), "split": {"seed": 0, "pretrain_lines": config.pretrain_lines},
         "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "device": str(device),
     }
     log("build-translation: PRETRAINED " + ", ".join(f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
                                                      for split, s in metrics["pretrained"].items()))
 
     def write(tmp: Path) -> None:
         for name, model in zip(AGENTS, (speaker, listener, lm)):
-            model.save_pretrained(tmp / name)
+            model.to("cpu").save_pretrained(tmp / name)
             tokenizer.save_pretrained(tmp / name)
         (tmp / "build_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 

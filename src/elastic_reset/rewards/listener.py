@@ -25,7 +25,8 @@ class ListenerReward(LearnedReward):
     """Args:
         path: a Hugging Face encoder-decoder folder (the listener) with its tokenizer.
         german_of: the true German of every French prompt the game can be asked about.
-        lr: the listener's AdamW learning rate.
+        lr: the listener's AdamW learning rate; 0 keeps the listener fixed (a plain reward model: the speaker
+            alone adapts, an ablation of the game's co-adaptation).
         max_tokens: tokens kept per message / reference.
     """
 
@@ -39,6 +40,7 @@ class ListenerReward(LearnedReward):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.german_of = german_of
         self.max_tokens = max_tokens
+        self.lr = lr
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
 
     def _references(self, prompts: list[str]) -> list[str]:
@@ -57,6 +59,8 @@ class ListenerReward(LearnedReward):
         return (-(nll.sum(1) / mask.sum(1))).tolist()
 
     def learn(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
+        if self.lr == 0:
+            return {}
         nll, mask = self._nll(prompts, completions)
         loss = nll.sum() / mask.sum()
         self.optimizer.zero_grad(set_to_none=True)

@@ -32,14 +32,16 @@ from elastic_reset.tasks.base import Task, register_task
 def translation_game_task(data_dir: str | None = None, agents: str | None = None, listener_lr: float = 1e-4,
                           max_tokens: int = 64) -> Task:
     """Options: ``agents``, the folder ``build-translation`` wrote (default: the cache); ``listener_lr``, the
-    listener's AdamW learning rate; ``max_tokens``, tokens of a message or reference the listener reads."""
+    listener's AdamW learning rate (0: a fixed listener); ``max_tokens``, tokens of a message or reference the
+    listener reads."""
     from elastic_reset.models import translation_agents_path
 
     if data_dir is None:
         raise ConfigError("task.data_dir: the Translation Game reads Multi30k with French from "
                           "<data_dir>/multi30k (e.g. ../shared/data); there is no online fallback")
-    if not isinstance(listener_lr, (int, float)) or isinstance(listener_lr, bool) or not listener_lr > 0:
-        raise ConfigError(f"task.options.listener_lr: expected a positive number, got {listener_lr!r}")
+    if not isinstance(listener_lr, (int, float)) or isinstance(listener_lr, bool) or not listener_lr >= 0:
+        raise ConfigError(f"task.options.listener_lr: expected a number >= 0 (0: a fixed listener), got "
+                          f"{listener_lr!r}")
     agents_dir = Path(agents) if agents is not None else translation_agents_path()
     train = load_multi30k(data_dir, "train")
     # The split the agents were pretrained with: the game must be played on the lines they never saw.
