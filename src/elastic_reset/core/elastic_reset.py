@@ -160,21 +160,41 @@ class ElasticReset:
         self.reset_optimizer_state = reset_optimizer_state
         self.num_steps = 0
         self.num_resets = 0
+        # Host copies of GPU weights live in pinned memory, so the copies between them are asynchronous DMA transfers
+        # (the paper keeps the EMA on the CPU, §2 and §8: "the EMA model can be stored on CPU") instead of staged,
+        # blocking ones.
+        self._pinned = self.device.type == "cpu" and torch.cuda.is_available() and any(
+            p.device.type == "cuda" for p in self.params)
         with torch.no_grad():
-            self.init = [p.detach().to(self.device, dtype, copy=True) for p in self.params]
-            self.ema = [t.clone() for t in self.init]
+            self.init = [self._host(p.detach().to(self.device, dtype, copy=True)) for p in self.params]
+            self.ema = [self._host(t.clone()) for t in self.init]
         # A parameter whose device and dtype already match its EMA copy is read in place; the others are
         # converted on each update (one fused copy into a reused buffer, not one allocation per tensor per step).
         self._direct = all(p.device == self.device and p.dtype == dtype for p in self.params)
         self._buffer: list[torch.Tensor] | None = None
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory() if self._pinned else t
+
+    def _wait_for_copies(self) -> None:
+        """Block until the asynchronous copies between the GPU and the pinned EMA have landed (a no-op without
+        them): before the CPU reads a buffer the GPU writes, or writes one the GPU still reads."""
+        if self._pinned:
+            for device in {p.device for p in self.params if p.device.type == "cuda"}:
+                torch.cuda.current_stream(device).synchronize()
+
+    def _copy_into_params(self, source: list[torch.Tensor]) -> None:
+        torch._foreach_copy_([p.data for p in self.params], source, non_blocking=self._pinned)
+        self._wait_for_copies()  # ``source`` may be overwritten right after (θ̄ ← θ0)
 
     # ----------------------------------------------------------------------------------------------- updates
     def _params_in_ema_space(self) -> list[torch.Tensor]:
         if self._direct:
             return [p.detach() for p in self.params]
         if self._buffer is None:
-            self._buffer = [torch.empty_like(e) for e in self.ema]
-        torch._foreach_copy_(self._buffer, [p.detach() for p in self.params])
+            self._buffer = [self._host(torch.empty_like(e)) for e in self.ema]
+        torch._foreach_copy_(self._buffer, [p.detach() for p in self.params], non_blocking=self._pinned)
+        self._wait_for_copies()
         return self._buffer
 
     @torch.no_grad()
@@ -207,9 +227,9 @@ class ElasticReset:
             raise RuntimeError("mode 'none' never resets")
         distance = self.distance()
         if self.mode in ("elastic", "ema"):
-            torch._foreach_copy_([p.data for p in self.params], self.ema)  # θ ← θ̄
+            self._copy_into_params(self.ema)  # θ ← θ̄
         if self.mode == "init":
-            torch._foreach_copy_([p.data for p in self.params], self.init)  # θ ← θ0
+            self._copy_into_params(self.init)  # θ ← θ0
         if self.mode in ("elastic", "init"):
             torch._foreach_copy_(self.ema, self.init)  # θ̄ ← θ0
         if self.reset_optimizer_state:
@@ -239,7 +259,7 @@ class ElasticReset:
         """
         with torch.no_grad():
             saved = [p.detach().clone() for p in self.params]
-            torch._foreach_copy_([p.data for p in self.params], self.ema)
+            self._copy_into_params(self.ema)
         try:
             yield
         finally:

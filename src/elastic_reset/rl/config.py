@@ -81,8 +81,13 @@ class ModelConfig(_Section):
     """Width of the ``tiny-*`` models."""
     tiny_layers: PositiveInt = 2
     """Depth of the ``tiny-*`` models."""
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
+    """Where the policy trains: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. Its
+    reference copy, value head, NLPO mask model and random generators follow it; rewards that read text run where
+    their task built them."""
     autocast: Literal["auto", "bf16", "none"] = "auto"
-    """``bf16``, ``none``, or ``auto`` (bf16 on a CPU with native bf16, where it is 2-2.5x faster; else none)."""
+    """``bf16``, ``none``, or ``auto``: bf16 on a GPU that supports it and on a CPU with native bf16 (AVX-512 BF16,
+    where it is 2-2.5x faster); else none."""
     lora: LoraConfig | None = None
     """LoRA adapters via peft; then only the adapters train, the EMA covers only them, and the KL reference is the
     same model with adapters disabled (no second copy)."""
@@ -223,6 +228,9 @@ class MethodConfig(_Section):
     ema_update: Literal["step", "epoch", "iteration"] = "step"
     """When the EMA is updated: ``step`` (every optimizer step, the paper's text), ``epoch`` (every pass over the
     rollout batch, the authors' StackLLaMA code), or ``iteration`` (once per rollout, the authors' IMDB code)."""
+    ema_device: Literal["cpu", "model"] = "cpu"
+    """Where the EMA and θ0 live: ``cpu`` (the paper's choice, §2 and §8: cheap, no GPU memory; pinned, with
+    asynchronous copies, when the policy is on a GPU) or ``model`` (the policy's device: no transfers)."""
     reset_optimizer: bool = False
     """Also drop the optimizer state of reset weights (the authors' code keeps it)."""
     nlpo_top_p: Annotated[float, Field(gt=0, le=1)] = 0.9

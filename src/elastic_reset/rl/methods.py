@@ -100,6 +100,7 @@ class EMAReset(KLPenalty):
             policy.model, decay=c.decay, mode=self.MODE[c.name],
             reset_every=None if c.name == "ema_only" else c.reset_every,
             optimizer=policy.optimizer, reset_optimizer_state=c.reset_optimizer,
+            device="cpu" if c.ema_device == "cpu" else next(policy.model.parameters()).device,
         )
 
     def on_optimizer_step(self) -> None:

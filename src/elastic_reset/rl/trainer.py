@@ -55,6 +55,7 @@ from elastic_reset.rl.policy import (
     autocast_dtype,
     context_length,
     load_model_and_tokenizer,
+    resolve_device,
     trainable_named_parameters,
 )
 from elastic_reset.rl.sampling import Rollout, sample
@@ -85,9 +86,10 @@ class RLTrainer:
         self.learned_reward = self.task.reward_fn if isinstance(self.task.reward_fn, LearnedReward) else None
 
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
+        self.device = resolve_device(config.model.device)
+        self.model.to(self.device)  # before any copy of it (reference, NLPO mask model, EMA)
         self.is_lora = config.model.lora is not None
-        self.autocast_dtype = autocast_dtype(config.model.autocast)
-        self.device = next(self.model.parameters()).device
+        self.autocast_dtype = autocast_dtype(config.model.autocast, self.device)
         use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
         self._check_task_inputs()
 
@@ -96,7 +98,8 @@ class RLTrainer:
         self._frozen_casts: ExitStack | None = None
         self._cast_frozen_weights()
         self.trainable_params = [p for _, p in trainable_named_parameters(self.model)]
-        self.value_head = ValueHead(self.model.config.hidden_size) if config.algo.name == "ppo" else None
+        self.value_head = (ValueHead(self.model.config.hidden_size).to(self.device) if config.algo.name == "ppo"
+                           else None)
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
                                            weight_decay=config.algo.weight_decay)
@@ -108,7 +111,8 @@ class RLTrainer:
         # Before any resume: the model still holds the initial weights here.
         self.reference_texts = self._reference_texts()
 
-        self.generator = torch.Generator().manual_seed(config.seed)
+        # On the model's device: sampling draws its noise there (a CPU generator cannot feed CUDA's rand).
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.step = 0
         self.data_epoch, self.data_index = 0, 0
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
@@ -280,7 +284,7 @@ class RLTrainer:
             return texts
         prompts = list(self.task.eval_prompts)
         prompts = [prompts[i % len(prompts)] for i in range(e.num_texts)]
-        generator = torch.Generator().manual_seed(20_231_210)
+        generator = torch.Generator(self.device).manual_seed(20_231_210)
         texts = []
         with torch.no_grad():
             for start in range(0, len(prompts), e.batch_size):
@@ -533,7 +537,7 @@ class RLTrainer:
             prompts = self.task.eval_prompts[:e.num_prompts]
         prompts = [p for p in prompts for _ in range(e.samples_per_prompt)]
         # The same noise at every evaluation: differences between steps come from the weights, not the draw.
-        generator = torch.Generator().manual_seed(self.config.seed + 1_000_003)
+        generator = torch.Generator(self.device).manual_seed(self.config.seed + 1_000_003)
         scores, completions, kls = [], [], []
         for start in range(0, len(prompts), e.batch_size):
             chunk = prompts[start:start + e.batch_size]
@@ -574,6 +578,7 @@ class RLTrainer:
             "method": self.method.state_dict(),
             "reward_model": self.learned_reward.state_dict() if self.learned_reward is not None else None,
             "generator": self.generator.get_state(),
+            "generator_device": self.device.type,
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         }
@@ -595,6 +600,11 @@ class RLTrainer:
             if state.get("reward_model") is None:
                 raise ValueError("checkpoint: it holds no state of the task's learning reward")
             self.learned_reward.load_state_dict(state["reward_model"])
+        saved_on = state.get("generator_device", "cpu")
+        if saved_on != self.device.type:
+            raise ConfigError(f"model.device: this checkpoint was written by a run on {saved_on}, and its random "
+                              f"state cannot continue exactly on {self.device.type}; resume with "
+                              f"--set model.device={saved_on}")
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

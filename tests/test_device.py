@@ -1,0 +1,106 @@
+"""Where the engine runs (issue 13, part 1): the device setting, autocast per device, generators on the model's
+device, the EMA's placement, and a checkpoint's device. The CPU half runs everywhere; the CUDA half (marked
+``cuda``) runs only where PyTorch sees a GPU, and is what a GPU session runs first:
+``pytest -m cuda tests/test_device.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elastic_reset.core import ElasticReset
+from elastic_reset.io import read_metrics
+from elastic_reset.rl import policy
+from elastic_reset.rl.checkpoint import load_latest
+from elastic_reset.rl.config import ConfigError
+from elastic_reset.rl.trainer import RLTrainer
+from test_trainer import tiny_config, trainable, without_times
+
+
+
+# ------------------------------------------------------------------------------------------- on every machine
+def test_auto_device_is_cuda_only_when_present(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert policy.resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="model.device"):
+        policy.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert policy.resolve_device("auto") == torch.device("cuda")
+
+
+def test_a_malformed_device_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="model.device"):
+        tiny_config("model.device=gpu")
+
+
+def test_auto_autocast_is_bf16_on_a_gpu_and_follows_the_cpu_flags_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert policy.autocast_dtype("auto", "cuda") is torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert policy.autocast_dtype("auto", "cpu") is None  # AVX2 only: bf16 is emulated, fp32 is faster
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert policy.autocast_dtype("auto", "cpu") is torch.bfloat16
+    assert policy.autocast_dtype("none", "cuda") is None
+
+
+@pytest.mark.parametrize("where,expected", [("cpu", "cpu"), ("model", "cpu")])
+def test_ema_device_setting_places_the_ema(tmp_path, where, expected):
+    trainer = RLTrainer(tiny_config("model.device=cpu", f"method.ema_device={where}"), tmp_path / "run")
+    assert trainer.generator.device.type == "cpu"
+    assert trainer.method.ema.device.type == expected
+    assert all(t.device.type == expected for t in trainer.method.ema.ema)
+
+
+def test_a_checkpoint_from_another_device_is_refused_with_the_fix(tmp_path):
+    trainer = RLTrainer(tiny_config("model.device=cpu", "checkpoint_every=1", "steps=1"), tmp_path / "run")
+    trainer.train()
+    _, state = load_latest(tmp_path / "run")
+    assert state["generator_device"] == "cpu"
+    state["generator_device"] = "cuda"
+    resumed = RLTrainer(tiny_config("model.device=cpu", "checkpoint_every=1", "steps=1"), tmp_path / "other")
+    with pytest.raises(ConfigError, match="model.device=cuda"):
+        resumed.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------------- on a GPU
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_the_engine_trains_on_cuda_with_the_ema_pinned_on_the_cpu(tmp_path):
+    trainer = RLTrainer(tiny_config("model.device=cuda", "steps=6", "method.reset_every=3"), tmp_path / "run")
+    before = trainable(trainer)
+    records = trainer.train()
+    assert trainer.device.type == "cuda" and next(trainer.model.parameters()).is_cuda
+    assert trainer.method.ema.device.type == "cpu" and trainer.method.ema.ema[0].is_pinned()
+    assert [r["step"] for r in records if "reset" in r] == [3, 6]
+    # The last reset set θ to the EMA of its iteration and the EMA to θ0.
+    assert all(torch.equal(e.cpu(), before[n].cpu()) for n, e in trainer.method.ema.ema_state().items())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_resume_on_cuda_is_exact(tmp_path):
+    RLTrainer(tiny_config("model.device=cuda", "steps=4", "checkpoint_every=2"), tmp_path / "full").train()
+    RLTrainer(tiny_config("model.device=cuda", "steps=2", "checkpoint_every=2"), tmp_path / "cut").train()
+    resumed = RLTrainer(tiny_config("model.device=cuda", "steps=4", "checkpoint_every=2"), tmp_path / "cut",
+                        resume=True)
+    resumed.train()
+    assert (without_times(read_metrics(tmp_path / "cut" / "metrics.jsonl"))
+            == without_times(read_metrics(tmp_path / "full" / "metrics.jsonl")))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_pinned_ema_on_the_cpu_matches_an_ema_kept_on_the_gpu():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64).cuda()
+    on_cpu = ElasticReset(model, decay=0.9, reset_every=3, device="cpu")
+    on_gpu = ElasticReset(model, decay=0.9, reset_every=3, device="cuda")
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        on_gpu.update()
+        event = on_cpu.step()  # updates, then resets at step 3: θ ← θ̄ (copied from pinned memory)
+    assert event is not None
+    assert all(torch.allclose(a, b.cpu()) for a, b in zip(on_cpu.ema, on_gpu.init))  # θ̄ ← θ0 after the reset
+    assert all(torch.allclose(p.cpu(), e.cpu()) for p, e in zip(model.parameters(), on_gpu.ema))
