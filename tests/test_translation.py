@@ -302,3 +302,13 @@ def test_reinforce_raises_a_reward_through_the_encoder_decoder_speaker(agents, t
     start, end = (next(r["eval/reward"] for r in records if r.get("step") == s and "eval/reward" in r)
                   for s in (0, 30))
     assert end > start + 0.15, f"held-out reward {start:.3f} -> {end:.3f} in 30 iterations"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_the_game_plays_on_cuda_with_the_listener_beside_the_speaker(agents, tmp_path):
+    trainer = RLTrainer(game_config(agents, "model.device=cuda", "method.name=elastic_reset", "kl.coef=0.001"),
+                        tmp_path / "run")
+    records = trainer.train()
+    assert next(trainer.model.parameters()).is_cuda and next(trainer.learned_reward.model.parameters()).is_cuda
+    assert [r["step"] for r in records if "test/task_bleu" in r] == [4]

@@ -30,3 +30,8 @@ class LearnedReward(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output."""
+
+    def to(self, device) -> LearnedReward:
+        """Move whatever it computes with to ``device`` (the engine calls this with the policy's device before the
+        first step). A reward that does not compute with tensors keeps this no-op."""
+        return self

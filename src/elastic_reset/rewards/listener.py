@@ -72,6 +72,10 @@ class ListenerReward(LearnedReward):
         """The listener's greedy German for ``english`` (the second leg of FR→EN→DE BLEU)."""
         return greedy_translate(self.model, self.tokenizer, english, max_tokens=self.max_tokens)
 
+    def to(self, device) -> ListenerReward:
+        self.model.to(device)  # before its first step: AdamW creates its moments beside the weights
+        return self
+
     def state_dict(self) -> dict[str, Any]:
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict()}

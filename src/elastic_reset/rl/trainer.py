@@ -90,6 +90,8 @@ class RLTrainer:
         self.model.to(self.device)  # before any copy of it (reference, NLPO mask model, EMA)
         self.is_lora = config.model.lora is not None
         self.autocast_dtype = autocast_dtype(config.model.autocast, self.device)
+        if self.learned_reward is not None:
+            self.learned_reward.to(self.device)
         use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
         self._check_task_inputs()
 
