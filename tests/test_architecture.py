@@ -12,7 +12,7 @@ LAYERS = {
     "errors": 0,
     "io": 1, "core": 1,
     "lm": 2, "models": 2, "integrations": 2,
-    "rewards": 3, "pretrain": 3,
+    "rewards": 3, "pretrain": 3, "reward_models": 3,
     "tasks": 4,
     "evaluation": 5,
     "rl": 6,

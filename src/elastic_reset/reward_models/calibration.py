@@ -1,0 +1,45 @@
+"""How well P(y_c ≻ y_r) = σ(Δ) is calibrated: accuracy, expected calibration error and the reliability diagram
+(Peng et al. 2023 report ECE on 10 bins, Table 2 and Fig. 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Calibration:
+    accuracy: float
+    """Share of pairs with Δ = r_c − r_r > 0 (a tie counts as half)."""
+    ece: float
+    """Expected calibration error: Σ_b (n_b / n) |accuracy_b − confidence_b| over equal-width bins."""
+    bin_confidence: np.ndarray
+    """Mean predicted probability per non-empty bin."""
+    bin_accuracy: np.ndarray
+    """Observed frequency per non-empty bin."""
+    bin_count: np.ndarray
+    """Predictions per non-empty bin."""
+
+
+def calibration(margins, bins: int = 10) -> Calibration:
+    """Calibration of p = σ(Δ) for the pairs' reward differences Δ = r(x, y_c) − r(x, y_r).
+
+    Each pair is counted in both orders, (p, 1) and (1 − p, 0): the probability is then a binary classifier's
+    over a balanced set, and a model that says p = 0.8 is calibrated when it is right 80 % of the time whichever
+    response comes first. ECE is over ``bins`` equal-width bins of [0, 1]."""
+    margins = np.asarray(margins, dtype=np.float64).ravel()
+    if margins.size == 0 or not np.all(np.isfinite(margins)):
+        raise ValueError("margins: expected a non-empty array of finite reward differences")
+    p = 1.0 / (1.0 + np.exp(-margins))
+    probs = np.concatenate([p, 1.0 - p])
+    labels = np.concatenate([np.ones_like(p), np.zeros_like(p)])
+    index = np.minimum((probs * bins).astype(int), bins - 1)  # [k/bins, (k+1)/bins), 1.0 in the last bin
+    count = np.bincount(index, minlength=bins)
+    conf = np.bincount(index, weights=probs, minlength=bins)
+    hits = np.bincount(index, weights=labels, minlength=bins)
+    used = count > 0
+    conf, hits, count = conf[used] / count[used], hits[used] / count[used], count[used]
+    ece = float(np.sum(count * np.abs(hits - conf)) / probs.size)
+    accuracy = float(np.mean((margins > 0) + 0.5 * (margins == 0)))
+    return Calibration(accuracy, ece, conf, hits, count)

@@ -1,0 +1,135 @@
+"""Reward models from preference pairs (issue 12): the losses against hand-computed values, calibration on a
+hand-made case, the prompt-disjoint split, and the pair readers (malformed files refused naming the line)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from elastic_reset.errors import DataFileError
+from elastic_reset.reward_models.calibration import calibration
+from elastic_reset.reward_models.data import (
+    PreferencePair,
+    html_to_text,
+    load_hh_rlhf,
+    load_stack_exchange,
+    read_pairs,
+    split_by_prompt,
+    split_hh_dialogue,
+)
+from elastic_reset.reward_models.losses import advantage, advantage_model_loss, bradley_terry_loss
+from conftest import SHARED_DATA
+
+
+def nls(x: float) -> float:
+    """−log σ(x), by hand."""
+    return math.log(1 + math.exp(-x))
+
+
+# ------------------------------------------------------------------------------------------------- losses
+def test_bradley_terry_loss_matches_the_hand_computed_value():
+    loss = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0]))
+    assert loss.item() == pytest.approx((nls(2.0) + nls(-1.0)) / 2, rel=1e-6)  # 0.720095
+
+
+def test_advantage_model_loss_is_ranking_plus_bounding_with_margin_2_5():
+    a_c, a_r = torch.tensor([1.0, 3.0]), torch.tensor([-1.0, 0.0])
+    by_hand = [nls(1 - -1) + nls(2.5 - 1) + nls(2.5 + -1), nls(3 - 0) + nls(2.5 - 3) + nls(2.5 + 0)]
+    assert advantage_model_loss(a_c, a_r).item() == pytest.approx(sum(by_hand) / 2, rel=1e-6)  # 0.815654
+    # The bounding term pulls a chosen advantage above the margin back down (Bradley–Terry would push it up).
+    a_c.requires_grad_(True)
+    advantage_model_loss(a_c, a_r).backward()
+    assert a_c.grad[1] > 0
+    a_c.grad = None
+    bradley_terry_loss(a_c, a_r).backward()
+    assert a_c.grad[1] < 0
+
+
+def test_advantage_subtracts_the_expected_reward_of_the_prompt():
+    assert advantage(torch.tensor([2.0, -1.0]), torch.tensor([0.5, 0.5])).tolist() == [1.5, -1.5]
+
+
+# -------------------------------------------------------------------------------------------- calibration
+def test_calibration_of_a_hand_made_case():
+    right = math.log(3.0)  # σ(log 3) = 0.75
+    # All four pairs right at 0.75: the 0.75 bin is always right, the 0.25 bin always wrong: ECE = 0.25.
+    c = calibration([right] * 4)
+    assert c.accuracy == 1.0 and c.ece == pytest.approx(0.25)
+    assert c.bin_confidence.tolist() == pytest.approx([0.25, 0.75]) and c.bin_count.tolist() == [4, 4]
+    # Three right and one wrong, all at 0.75: right 75 % of the time when saying 0.75: calibrated, ECE = 0.
+    c = calibration([right] * 3 + [-right])
+    assert c.accuracy == pytest.approx(0.75) and c.ece == pytest.approx(0.0, abs=1e-12)
+    assert c.bin_accuracy.tolist() == pytest.approx([0.25, 0.75])
+
+
+def test_calibration_counts_a_tie_as_half_and_refuses_nan():
+    assert calibration([0.0, 1.0]).accuracy == 0.75
+    with pytest.raises(ValueError, match="margins"):
+        calibration([float("nan")])
+
+
+# -------------------------------------------------------------------------------------------------- split
+def test_split_by_prompt_is_deterministic_order_free_and_prompt_disjoint():
+    pairs = [PreferencePair(f"prompt {i % 700}", f"good {i}", f"bad {i}") for i in range(2000)]
+    parts = split_by_prompt(pairs, seed=0)
+    shuffled = random.Random(1).sample(pairs, len(pairs))
+    again = split_by_prompt(shuffled, seed=0)
+    assert {k: set(v) for k, v in parts.items()} == {k: set(v) for k, v in again.items()}
+    prompts = {k: {p.prompt for p in v} for k, v in parts.items()}
+    assert not (prompts["train"] & prompts["val"] or prompts["train"] & prompts["test"]
+                or prompts["val"] & prompts["test"])
+    assert sum(map(len, parts.values())) == 2000
+    assert 0.75 < len(prompts["train"]) / 700 < 0.85 and len(prompts["val"]) > 40 and len(prompts["test"]) > 40
+    assert {k: set(v) for k, v in split_by_prompt(pairs, seed=1).items()} != {k: set(v) for k, v in parts.items()}
+
+
+# ----------------------------------------------------------------------------------------------- readers
+def test_a_pair_file_is_read_and_a_malformed_line_is_refused_naming_it(tmp_path):
+    good = {"prompt": "p", "chosen": "a", "rejected": "b", "category": "x"}
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(good) + "\n")
+    assert read_pairs(path) == [PreferencePair("p", "a", "b", "x")] * 2
+    for line, message in [({"prompt": "p", "chosen": "a"}, "'rejected'"), ("{not json", "not valid JSON"),
+                          ({"prompt": "p", "chosen": "a", "rejected": 3}, "'rejected'"),
+                          ({"prompt": "p", "chosen": " ", "rejected": "b"}, "empty response")]:
+        bad = tmp_path / "bad.jsonl.gz"
+        with gzip.open(bad, "wt") as f:
+            f.write(json.dumps(good) + "\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
+        with pytest.raises(DataFileError, match=rf"bad\.jsonl\.gz:2: .*{message}"):
+            read_pairs(bad)
+    with pytest.raises(DataFileError, match="no such preference file"):
+        read_pairs(tmp_path / "missing.jsonl")
+
+
+def test_hh_dialogue_splits_at_the_last_assistant_turn():
+    text = "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how?\n\nAssistant: like this."
+    assert split_hh_dialogue(text) == ("\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how?\n\nAssistant:",
+                                       "like this.")
+
+
+def test_html_bodies_become_plain_text():
+    assert html_to_text("<p>Use &lt;5&gt; g.</p>\n\n\n<p>Then <a href='x'>stir</a>.</p>") == (
+        "Use <5> g.\n\nThen stir.")
+
+
+@pytest.fixture()
+def shared_data():
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"offline datasets not found at {SHARED_DATA} (set ELASTIC_RESET_DATA to the data folder)")
+    return SHARED_DATA
+
+
+def test_hh_rlhf_and_stack_exchange_load_with_their_categories(shared_data):
+    with pytest.warns(UserWarning, match="24 pair"):
+        hh = load_hh_rlhf(shared_data)
+    assert len(hh) == 4666 - 24
+    assert {p.category for p in hh} == {"helpful", "harmless"}
+    assert all(p.prompt.endswith("\n\nAssistant:") and p.chosen != p.rejected for p in hh)
+    se = load_stack_exchange(shared_data)
+    assert len(se) == 2196 + 150 and {p.category for p in se} == {"beer", "coffee"}
+    assert all(p.prompt.startswith("Question: ") and "<p>" not in p.chosen for p in se)
