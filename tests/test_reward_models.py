@@ -133,3 +133,42 @@ def test_hh_rlhf_and_stack_exchange_load_with_their_categories(shared_data):
     se = load_stack_exchange(shared_data)
     assert len(se) == 2196 + 150 and {p.category for p in se} == {"beer", "coffee"}
     assert all(p.prompt.startswith("Question: ") and "<p>" not in p.chosen for p in se)
+
+
+# -------------------------------------------------------------------------------------------- a tiny model
+def toy_pairs(n: int, seed: int) -> list[PreferencePair]:
+    """Chosen answers praise, rejected ones complain; everything else is random filler."""
+    rng = random.Random(seed)
+    words = ["the", "film", "plot", "actor", "scene", "music", "ending", "cast"]
+
+    def filler():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
+    return [PreferencePair(f"Q{i}: {filler()}?\nA:", f" {filler()} great {filler()}", f" {filler()} awful {filler()}",
+                           "odd" if i % 2 else "even") for i in range(n)]
+
+
+@pytest.mark.parametrize("advantage_model", [False, True])
+def test_a_tiny_reward_model_learns_the_toy_preference(tmp_path, advantage_model):
+    from transformers import TrainingArguments
+
+    from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+    from elastic_reset.reward_models.model import PairwiseRewardModel
+    from elastic_reset.reward_models.train import PairCollator, PairwiseTrainer, encode_pairs, evaluate_pairs
+
+    torch.set_num_threads(1)
+    tokenizer = byte_tokenizer()
+    model = PairwiseRewardModel(tiny_causal_lm(seed=0).model, pooling="last", advantage=advantage_model)
+    before, _ = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, num_train_epochs=3,
+                             learning_rate=3e-3, report_to=[], save_strategy="no", logging_steps=5,
+                             remove_unused_columns=False, disable_tqdm=True, use_cpu=True, seed=0)
+    trainer = PairwiseTrainer(model=model, args=args, train_dataset=encode_pairs(toy_pairs(256, seed=0), tokenizer, 96),
+                              data_collator=PairCollator(tokenizer.pad_token_id))
+    trainer.train()
+    after, stats = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert losses[-1] < losses[0] - 0.2, losses
+    assert after.accuracy > 0.9 > before.accuracy, (before.accuracy, after.accuracy)
+    assert set(stats) == {"odd", "even"} and all(s["responses"] == 64 for s in stats.values())
+    if advantage_model:  # the bounding loss keeps the advantages within about ±m
+        assert all(abs(s["mean"]) < 2.5 for s in stats.values())

@@ -1,0 +1,109 @@
+"""Training a pairwise reward model with transformers' ``Trainer`` (its loop, progress bar, checkpoints and
+``resume_from_checkpoint``), the loss being the only part written here.
+
+TRL's ``RewardTrainer`` fits the Bradley–Terry model alone: it scores ``AutoModelForSequenceClassification``
+outputs for chosen and rejected and has no place for the Advantage Model's second head e(x) on the prompt or its
+bounding loss. One ``Trainer`` subclass trains both, so RM and AM differ only in the loss and the extra head."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import Trainer
+
+from elastic_reset.reward_models.calibration import Calibration, calibration
+from elastic_reset.reward_models.data import PreferencePair
+from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
+from elastic_reset.reward_models.model import PairwiseRewardModel
+
+
+def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int) -> list[dict]:
+    """Token ids of prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens`` (a long
+    dialogue keeps its end, where the two responses differ)."""
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"
+    try:
+        def ids(texts):
+            return tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
+        chosen = ids([p.prompt + p.chosen for p in pairs])
+        rejected = ids([p.prompt + p.rejected for p in pairs])
+        prompts = ids([p.prompt for p in pairs])
+    finally:
+        tokenizer.truncation_side = side
+    return [{"chosen": c, "rejected": r, "prompt": x} for c, r, x in zip(chosen, rejected, prompts)]
+
+
+@dataclass
+class PairCollator:
+    """Pads the three sequences of each pair (right padding; the model pools the last real token either way)."""
+
+    pad_token_id: int
+
+    def _pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = torch.tensor(row)
+            mask[i, :len(row)] = 1
+        return ids, mask
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        # Chosen and rejected in one batch: one forward for both.
+        pair_ids, pair_mask = self._pad([f["chosen"] for f in features] + [f["rejected"] for f in features])
+        prompt_ids, prompt_mask = self._pad([f["prompt"] for f in features])
+        return {"pair_ids": pair_ids, "pair_mask": pair_mask, "prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+
+
+def pair_scores(model: PairwiseRewardModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(score of chosen, score of rejected): rewards, or advantages for the Advantage Model."""
+    rewards = model.reward(batch["pair_ids"], batch["pair_mask"])
+    chosen, rejected = rewards.chunk(2)
+    if model.is_advantage_model:
+        expected = model.expected(batch["prompt_ids"], batch["prompt_mask"])
+        chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
+    return chosen, rejected
+
+
+class PairwiseTrainer(Trainer):
+    """``Trainer`` with the pairwise loss: Bradley–Terry, or the Advantage Model's ranking + bounding loss."""
+
+    def __init__(self, *args, margin: float = AM_MARGIN, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.margin = margin
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        chosen, rejected = pair_scores(model, inputs)
+        if model.is_advantage_model:
+            loss = advantage_model_loss(chosen, rejected, self.margin)
+        else:
+            loss = bradley_terry_loss(chosen, rejected)
+        return (loss, {"chosen": chosen, "rejected": rejected}) if return_outputs else loss
+
+
+@torch.no_grad()
+def evaluate_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
+                   batch_size: int = 16) -> tuple[Calibration, dict[str, dict[str, float]]]:
+    """Calibration of σ(score_c − score_r) on ``pairs``, and per category the mean and standard deviation of the
+    scores of all its responses (Peng et al. Fig. 2-3: comparable score distributions across tasks)."""
+    was_training = model.training
+    model.eval()
+    collate = PairCollator(tokenizer.pad_token_id)
+    encoded = encode_pairs(pairs, tokenizer, max_tokens)
+    device = next(model.parameters()).device
+    margins, by_category = [], defaultdict(list)
+    try:
+        for start in range(0, len(encoded), batch_size):
+            batch = {k: v.to(device) for k, v in collate(encoded[start:start + batch_size]).items()}
+            chosen, rejected = pair_scores(model, batch)
+            margins.extend((chosen - rejected).tolist())
+            for pair, c, r in zip(pairs[start:start + batch_size], chosen.tolist(), rejected.tolist()):
+                by_category[pair.category].extend((c, r))
+    finally:
+        model.train(was_training)
+    stats = {cat: {"mean": float(np.mean(s)), "std": float(np.std(s)), "responses": len(s)}
+             for cat, s in sorted(by_category.items())}
+    return calibration(margins), stats
