@@ -172,3 +172,75 @@ def test_a_tiny_reward_model_learns_the_toy_preference(tmp_path, advantage_model
     assert set(stats) == {"odd", "even"} and all(s["responses"] == 64 for s in stats.values())
     if advantage_model:  # the bounding loss keeps the advantages within about ±m
         assert all(abs(s["mean"]) < 2.5 for s in stats.values())
+
+
+def write_toy_file(path, n, seed):
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
+                                        "category": p.category}) + "\n" for p in toy_pairs(n, seed)))
+    return path
+
+
+def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
+    from elastic_reset.reward_models.build import RewardModelConfig, load_reward_model, train_reward_model
+    from elastic_reset.reward_models.train import evaluate_pairs
+
+    torch.set_num_threads(1)
+    config = RewardModelConfig(backbone="tiny-llama", advantage=True, data=[str(write_toy_file(
+        tmp_path / "pairs.jsonl", 320, 0))], epochs=2, batch_size=16, max_tokens=96, save_steps=10)
+    metrics = train_reward_model(config, tmp_path / "rm", progress=False, log=lambda _: None)
+    assert metrics["test"]["accuracy"] > 0.9 and metrics["train_pairs"] > 200
+    assert not (tmp_path / "rm.checkpoints").exists()
+    model, tokenizer, settings = load_reward_model(tmp_path / "rm")
+    assert settings["config"]["advantage"] is True
+    again, _ = evaluate_pairs(model, toy_pairs(32, seed=5), tokenizer, 96)
+    assert again.accuracy > 0.9
+    with pytest.raises(FileExistsError, match="already there"):
+        train_reward_model(config, tmp_path / "rm", progress=False, log=lambda _: None)
+
+
+def test_an_interrupted_training_resumes_to_the_same_model(tmp_path):
+    from transformers import TrainerCallback
+
+    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+
+    class Crash(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 13:
+                raise KeyboardInterrupt
+
+    torch.set_num_threads(1)
+    data = [str(write_toy_file(tmp_path / "pairs.jsonl", 320, 0))]
+    config = RewardModelConfig(backbone="tiny-llama", data=data, epochs=1, batch_size=8, max_tokens=96,
+                               save_steps=10)
+    full = train_reward_model(config, tmp_path / "full", progress=False, log=lambda _: None)
+    with pytest.raises(KeyboardInterrupt):
+        train_reward_model(config, tmp_path / "cut", progress=False, log=lambda _: None, callbacks=[Crash()])
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_reward_model(config, tmp_path / "cut", progress=False, log=lambda _: None)
+    class Count(TrainerCallback):
+        steps = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            Count.steps += 1
+
+    resumed = train_reward_model(config, tmp_path / "cut", resume=True, progress=False, log=lambda _: None,
+                                 callbacks=[Count()])
+    assert Count.steps == math.ceil(full["train_pairs"] / 8) - 10  # continued from the checkpoint at step 10
+    assert resumed["train_loss"][-1] == pytest.approx(full["train_loss"][-1], rel=1e-5)
+    assert resumed["test"]["accuracy"] == full["test"]["accuracy"]
+    for category, stats in full["test"]["categories"].items():
+        assert resumed["test"]["categories"][category]["mean"] == pytest.approx(stats["mean"], rel=1e-5)
+
+
+def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
+    from elastic_reset.cli import main
+
+    torch.set_num_threads(1)
+    data = write_toy_file(tmp_path / "pairs.jsonl", 200, 0)
+    assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--epochs", "2",
+                 "--batch-size", "16", "--max-tokens", "96", "--out", str(tmp_path / "rm")]) == 0
+    assert "test accuracy" in capsys.readouterr().out and (tmp_path / "rm" / "reward_model.json").is_file()
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "chosen": "a"}\n')
+    assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "bad.jsonl"),
+                 "--out", str(tmp_path / "rm2")]) == 2
+    assert "bad.jsonl:1: field 'rejected'" in capsys.readouterr().err

@@ -11,6 +11,9 @@
     elastic-reset build-policy imdb [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
     elastic-reset build-translation --data-dir ../shared/data [--out DIR] [--max-epochs N] [--label-smoothing E]
                                    [--device auto|cpu|cuda] [--force]
+    elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
+                  [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
+                  [--max-tokens T] [--out DIR] [--resume]
 """
 
 from __future__ import annotations
@@ -153,6 +156,24 @@ def _build_translation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward_model_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elastic_reset.models import cache_dir
+    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+
+    config = RewardModelConfig(backbone=args.backbone, advantage=args.advantage, data=args.data,
+                               data_dir=args.data_dir, seed=args.seed, epochs=args.epochs, lr=args.lr,
+                               batch_size=args.batch_size, max_tokens=args.max_tokens)
+    names = "+".join(Path(d).stem.split(".")[0] for d in args.data)
+    name = f"{args.backbone}-{'am' if args.advantage else 'rm'}-{names}-seed{args.seed}"
+    out = Path(args.out) if args.out else cache_dir() / "reward-models" / name
+    metrics = train_reward_model(config, out, resume=args.resume)
+    print(f"reward model written to {out} in {metrics['train_seconds']:.0f} s; test accuracy "
+          f"{metrics['test']['accuracy']:.3f}, ECE {metrics['test']['ece']:.3f}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -258,6 +279,25 @@ def build_parser() -> argparse.ArgumentParser:
                       "present; a GPU builds the agents in minutes)")
     game.add_argument("--force", action="store_true", help="replace agents already at --out")
     game.set_defaults(func=_build_translation)
+
+    rm = sub.add_parser("reward-model", help="reward models trained on preference pairs (Bradley-Terry or the "
+                                             "Advantage Model)")
+    rm_sub = rm.add_subparsers(dest="reward_model_command", required=True)
+    rm_train = rm_sub.add_parser("train", help="train one, evaluate it on val and test, cache it")
+    rm_train.add_argument("--backbone", default="minilm", help="smollm2 (LoRA), minilm, tiny-llama, or a folder")
+    rm_train.add_argument("--data", action="append", required=True, help="hh-rlhf, stack-exchange, or a JSONL file "
+                          "of prompt/chosen/rejected (repeatable)")
+    rm_train.add_argument("--data-dir", default=None, help="folder holding hh-rlhf/ and stack-exchange-paired/")
+    rm_train.add_argument("--advantage", action="store_true", help="the Advantage Model (eq. 6) instead of BT")
+    rm_train.add_argument("--seed", type=int, default=0)
+    rm_train.add_argument("--epochs", type=float, default=1.0)
+    rm_train.add_argument("--lr", type=float, default=None, help="default: 1e-4 (smollm2), 3e-5 (minilm)")
+    rm_train.add_argument("--batch-size", type=_positive_int, default=8)
+    rm_train.add_argument("--max-tokens", type=_positive_int, default=256)
+    rm_train.add_argument("--out", default=None, help="default: the cache, reward-models/<backbone>-<rm|am>-"
+                          "<data>-seed<S>")
+    rm_train.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
+    rm_train.set_defaults(func=_reward_model_train)
     return parser
 
 
