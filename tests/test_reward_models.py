@@ -244,3 +244,13 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "bad.jsonl"),
                  "--out", str(tmp_path / "rm2")]) == 2
     assert "bad.jsonl:1: field 'rejected'" in capsys.readouterr().err
+
+
+def test_reliability_diagram_is_written(tmp_path):
+    from elastic_reset.evaluation.figures import plot_reliability
+
+    c = calibration([math.log(3.0)] * 3 + [-1.0, 2.0])
+    run = {"test": {"accuracy": c.accuracy, "ece": c.ece, "bins": {
+        "confidence": c.bin_confidence.tolist(), "accuracy": c.bin_accuracy.tolist(), "count": c.bin_count.tolist()}}}
+    out = plot_reliability({"RM": [run, run], "AM": run}, tmp_path / "rel.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

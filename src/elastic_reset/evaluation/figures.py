@@ -142,3 +142,36 @@ def report(groups: dict[str, list[Run]], out_png: str | Path) -> tuple[dict[str,
     plot_pareto(groups, out_png)
     plot_curves(groups, curves_path(out_png))
     return summarize(groups), dominance_summary(groups)
+
+
+def plot_reliability(models: dict[str, dict], out_png: str | Path, split: str = "test") -> Path:
+    """Reliability diagrams of reward models (Peng et al. Fig. 4): per model, observed frequency against predicted
+    P(y_c ≻ y_r) per bin, with accuracy and ECE in the legend. ``models`` maps a label to the metrics a
+    ``reward-model train`` run wrote (``reward_model.json``'s ``metrics``); several seeds of one label are
+    averaged bin by bin, weighted by their counts."""
+    from matplotlib.figure import Figure
+
+    if not models:
+        raise ReportError("reliability: no reward models to plot")
+    fig = Figure(figsize=(5.2, 5))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
+    for label, runs in models.items():
+        runs = runs if isinstance(runs, list) else [runs]
+        confidence, accuracy, count = (np.concatenate([r[split]["bins"][k] for r in runs])
+                                       for k in ("confidence", "accuracy", "count"))
+        edges = np.minimum((confidence * 10).astype(int), 9)
+        weights = np.bincount(edges, weights=count, minlength=10)
+        used = weights > 0
+        conf = np.bincount(edges, weights=confidence * count, minlength=10)[used] / weights[used]
+        acc = np.bincount(edges, weights=accuracy * count, minlength=10)[used] / weights[used]
+        ece = np.mean([r[split]["ece"] for r in runs])
+        hits = np.mean([r[split]["accuracy"] for r in runs])
+        ax.plot(conf, acc, marker="o", label=f"{label}: acc {hits:.3f}, ECE {ece:.3f} (n={len(runs)})")
+    ax.set_xlabel("predicted P(chosen ≻ rejected) = σ(Δ)")
+    ax.set_ylabel("observed frequency")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Reward model calibration ({split}, 10 bins, both orders of each pair)")
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, out_png)

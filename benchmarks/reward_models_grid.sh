@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 12's comparison: the Bradley-Terry reward model (RM) against the Advantage Model (AM) on the same
+# prompt-disjoint split of HH-RLHF (helpful + harmless) and the beer/coffee Stack Exchange pairs, 3 seeds each,
+# for each backbone. Resumable: a finished model is skipped, an interrupted one continues from its checkpoint.
+#   BACKBONES="minilm smollm2" SEEDS=3 GRID=runs/reward-models bash benchmarks/reward_models_grid.sh
+#   .venv/bin/python benchmarks/reward_models_table.py runs/reward-models
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GRID=${GRID:-runs/reward-models}
+DATA_DIR=${DATA_DIR:-../shared/data}
+EPOCHS=${EPOCHS:-1}
+for backbone in ${BACKBONES:-minilm smollm2}; do
+  for kind in rm am; do
+    for seed in $(seq 0 $(( ${SEEDS:-3} - 1 ))); do
+      out="$GRID/$backbone-$kind-seed$seed"
+      [ -f "$out/reward_model.json" ] && { echo "$out: done, skipped"; continue; }
+      resume=(); [ -d "$out.checkpoints" ] && resume=(--resume)
+      flag=(); [ "$kind" = am ] && flag=(--advantage)
+      echo "$out: training ($(date -u +%H:%M:%S))"
+      .venv/bin/elastic-reset reward-model train --backbone "$backbone" "${flag[@]}" --seed "$seed" \
+        --data hh-rlhf --data stack-exchange --data-dir "$DATA_DIR" --epochs "$EPOCHS" --out "$out" "${resume[@]}"
+    done
+  done
+done
