@@ -254,3 +254,28 @@ def test_reliability_diagram_is_written(tmp_path):
         "confidence": c.bin_confidence.tolist(), "accuracy": c.bin_accuracy.tolist(), "count": c.bin_count.tolist()}}}
     out = plot_reliability({"RM": [run, run], "AM": run}, tmp_path / "rel.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rl_against_a_trained_reward_model_raises_its_held_out_score(shared_data, tmp_path):
+    # The helpful task end to end on tiny models: a tiny reward model trained on HH-RLHF pairs is the reward, a
+    # tiny policy trains against it with RLOO, and the reward model's score of the policy's answers to held-out
+    # (validation) prompts rises. Flipping the policy loss's sign makes it fail.
+    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+    from elastic_reset.rl.trainer import RLTrainer
+    from test_learning import evals, learning_config
+
+    torch.set_num_threads(1)
+    with pytest.warns(UserWarning):
+        pairs = load_hh_rlhf(shared_data, ("helpful",))[:300]
+    (tmp_path / "hh.jsonl").write_text("".join(json.dumps(
+        {"prompt": p.prompt[-200:], "chosen": p.chosen[:100], "rejected": p.rejected[:100]}) + "\n" for p in pairs))
+    train_reward_model(RewardModelConfig(backbone="tiny-llama", data=[str(tmp_path / "hh.jsonl")], epochs=4,
+                                         batch_size=16, max_tokens=96), tmp_path / "rm", progress=False,
+                       log=lambda _: None)
+    config = learning_config("task.name=helpful", f"task.data_dir={shared_data}", "eval.num_texts=4",
+                             "model.max_prompt_tokens=64")
+    config.task.options["reward_model"] = str(tmp_path / "rm")
+    with pytest.warns(UserWarning):
+        ev = evals(RLTrainer(config, tmp_path / "run").train())
+    start, end = ev[0]["eval/reward"], ev[30]["eval/reward"]
+    assert end > start + 0.5, f"held-out reward-model score {start:.3f} -> {end:.3f} in 30 iterations"
