@@ -106,6 +106,17 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
     return -nll.view_as(token_ids)
 
 
+def right_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as one right-padded ``[B, T]`` batch and its attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+    return ids, mask
+
+
 def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 64,
                 autocast_dtype: torch.dtype | None = None, return_logits: bool = False):
     """Per-token NLL ``[B, T]`` of an encoder-decoder model's ``targets`` given ``sources``, teacher-forced, and the

@@ -37,7 +37,7 @@ import torch
 from elastic_reset.errors import DataFileError
 from elastic_reset.io import save_folder_atomically
 from elastic_reset.lm.greedy import greedy_translate
-from elastic_reset.lm.scoring import label_smoothed_loss, seq2seq_nll
+from elastic_reset.lm.scoring import label_smoothed_loss, right_pad, seq2seq_nll
 
 LANGS = ("fr", "en", "de")
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -280,13 +280,7 @@ def lm_nll(model, tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.T
     """Per-token NLL ``[B, T]`` of the English LM on ``<s> text </s>`` and the mask of scored tokens: the same
     conditioning (on ``<s>`` alone) as the KL penalty's scoring of a message."""
     ids = [[tokenizer.bos_token_id] + row[:max_tokens] for row in tokenizer(texts)["input_ids"]]  # row ends in </s>
-    width = max(map(len, ids))
-    batch = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, row in enumerate(ids):
-        batch[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-    batch, mask = batch.to(model.device), mask.to(model.device)
+    batch, mask = (t.to(model.device) for t in right_pad(ids, tokenizer.pad_token_id))
     logits = model(input_ids=batch, attention_mask=mask).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
     scored = mask[:, 1:].float()

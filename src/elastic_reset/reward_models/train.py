@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from transformers import Trainer
 
+from elastic_reset.lm.scoring import right_pad
 from elastic_reset.reward_models.calibration import Calibration, calibration
 from elastic_reset.reward_models.data import PreferencePair
 from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
@@ -42,19 +43,11 @@ class PairCollator:
 
     pad_token_id: int
 
-    def _pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, :len(row)] = torch.tensor(row)
-            mask[i, :len(row)] = 1
-        return ids, mask
-
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         # Chosen and rejected in one batch: one forward for both.
-        pair_ids, pair_mask = self._pad([f["chosen"] for f in features] + [f["rejected"] for f in features])
-        prompt_ids, prompt_mask = self._pad([f["prompt"] for f in features])
+        pair_ids, pair_mask = right_pad([f["chosen"] for f in features] + [f["rejected"] for f in features],
+                                        self.pad_token_id)
+        prompt_ids, prompt_mask = right_pad([f["prompt"] for f in features], self.pad_token_id)
         return {"pair_ids": pair_ids, "pair_mask": pair_mask, "prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
 
 
