@@ -10,6 +10,7 @@ import torch
 
 from elastic_reset.core import ElasticReset
 from elastic_reset.io import read_metrics
+from elastic_reset.lm.scoring import resolve_device
 from elastic_reset.rl import policy
 from elastic_reset.rl.checkpoint import load_latest
 from elastic_reset.rl.config import ConfigError
@@ -21,11 +22,11 @@ from test_trainer import tiny_config, trainable, without_times
 # ------------------------------------------------------------------------------------------- on every machine
 def test_auto_device_is_cuda_only_when_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert policy.resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(ConfigError, match="model.device"):
-        policy.resolve_device("cuda")
+        resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert policy.resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("auto") == torch.device("cuda")
 
 
 def test_a_malformed_device_is_refused_naming_the_field():

@@ -163,8 +163,7 @@ class ElasticReset:
         # Host copies of GPU weights live in pinned memory, so the copies between them are asynchronous DMA transfers
         # (the paper keeps the EMA on the CPU, §2 and §8: "the EMA model can be stored on CPU") instead of staged,
         # blocking ones.
-        self._pinned = self.device.type == "cpu" and torch.cuda.is_available() and any(
-            p.device.type == "cuda" for p in self.params)
+        self._pinned = self.device.type == "cpu" and any(p.device.type == "cuda" for p in self.params)
         with torch.no_grad():
             self.init = [self._host(p.detach().to(self.device, dtype, copy=True)) for p in self.params]
             self.ema = [self._host(t.clone()) for t in self.init]

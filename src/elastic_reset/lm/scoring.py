@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from elastic_reset.errors import ConfigError
+
 NEG_INF = float("-inf")
 
 
@@ -69,6 +71,21 @@ def device_of(model) -> torch.device:
         return next(model.parameters()).device
     except StopIteration:
         return torch.device("cpu")
+
+
+def resolve_device(setting: str, field: str = "model.device") -> torch.device:
+    """A device setting: ``auto`` is CUDA when present, else the CPU; a CUDA device on a machine without one is
+    refused (naming ``field``) rather than silently replaced."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{field}: {setting!r} asked for, but this PyTorch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{field}: {setting!r} asked for, but there are only "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def autocast(model, dtype: torch.dtype | None):

@@ -37,7 +37,7 @@ import torch
 from elastic_reset.errors import DataFileError
 from elastic_reset.io import save_folder_atomically
 from elastic_reset.lm.greedy import greedy_translate
-from elastic_reset.lm.scoring import label_smoothed_loss, right_pad, seq2seq_nll
+from elastic_reset.lm.scoring import label_smoothed_loss, resolve_device, right_pad, seq2seq_nll
 
 LANGS = ("fr", "en", "de")
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -331,8 +331,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
     ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests). ``device``:
     where to train (``auto``: CUDA when present); the folder holds the weights the same way either way."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device, "--device")
     t_start = time.perf_counter()
     part = pretrain_part(load_multi30k(data_dir, "train"), pretrain_lines=config.pretrain_lines)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")

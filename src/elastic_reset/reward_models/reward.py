@@ -27,13 +27,11 @@ class PreferenceModelReward:
         self.batch_size = batch_size
 
     def _encode(self, texts: list[str]):
-        side = self.tokenizer.truncation_side
-        self.tokenizer.truncation_side = "left"
-        try:
+        from elastic_reset.reward_models.train import truncating_left
+
+        with truncating_left(self.tokenizer):
             return self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
                                   max_length=self.max_tokens)
-        finally:
-            self.tokenizer.truncation_side = side
 
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:

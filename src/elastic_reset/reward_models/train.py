@@ -8,6 +8,8 @@ bounding loss. One ``Trainer`` subclass trains both, so RM and AM differ only in
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,19 +23,26 @@ from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_m
 from elastic_reset.reward_models.model import PairwiseRewardModel
 
 
-def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int) -> list[dict]:
-    """Token ids of prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens`` (a long
-    dialogue keeps its end, where the two responses differ)."""
+@contextmanager
+def truncating_left(tokenizer) -> Iterator:
+    """Within the block the tokenizer cuts a long text from the left: a long dialogue keeps its end, where the
+    responses are (in training and when the trained model scores a policy's text alike)."""
     side = tokenizer.truncation_side
     tokenizer.truncation_side = "left"
     try:
+        yield tokenizer
+    finally:
+        tokenizer.truncation_side = side
+
+
+def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int) -> list[dict]:
+    """Token ids of prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens``."""
+    with truncating_left(tokenizer):
         def ids(texts):
             return tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
         chosen = ids([p.prompt + p.chosen for p in pairs])
         rejected = ids([p.prompt + p.rejected for p in pairs])
         prompts = ids([p.prompt for p in pairs])
-    finally:
-        tokenizer.truncation_side = side
     return [{"chosen": c, "rejected": r, "prompt": x} for c, r, x in zip(chosen, rejected, prompts)]
 
 

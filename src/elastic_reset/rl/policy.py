@@ -32,21 +32,6 @@ class ValueHead(nn.Module):
         return self.summary(hidden.float()).squeeze(-1)
 
 
-def resolve_device(setting: str) -> torch.device:
-    """``model.device``: ``auto`` is CUDA when present, else the CPU; a CUDA device on a machine without one is
-    refused rather than silently replaced."""
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(setting)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"model.device: {setting!r} asked for, but this PyTorch sees no CUDA device")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"model.device: {setting!r} asked for, but there are only "
-                              f"{torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
 def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dtype | None:
     """``auto`` picks bf16 on a GPU that has it and on a CPU with native bf16 (AVX-512 BF16 / AMX: 2-2.5x faster
     here); on an AVX2-only CPU bf16 is emulated and slower than fp32, so ``auto`` stays fp32 there."""

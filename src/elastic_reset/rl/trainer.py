@@ -33,7 +33,7 @@ from elastic_reset.lm.cpu_bf16 import (
     release_packed_linears,
     use_fp32_attention,
 )
-from elastic_reset.lm.scoring import forward_response, seq2seq_nll
+from elastic_reset.lm.scoring import forward_response, resolve_device, seq2seq_nll
 from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import (
@@ -55,7 +55,6 @@ from elastic_reset.rl.policy import (
     autocast_dtype,
     context_length,
     load_model_and_tokenizer,
-    resolve_device,
     trainable_named_parameters,
 )
 from elastic_reset.rl.sampling import Rollout, sample

@@ -46,8 +46,8 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
     train = load_multi30k(data_dir, "train")
     # The split the agents were pretrained with: the game must be played on the lines they never saw.
     metrics_path = agents_dir / "build_metrics.json"
-    split = json.loads(metrics_path.read_text()).get("split", {}) if metrics_path.is_file() else {}
-    pretrain_lines = split.get("pretrain_lines")  # None: the default half
+    built = json.loads(metrics_path.read_text()).get("split", {}) if metrics_path.is_file() else {}
+    pretrain_lines = built.get("pretrain_lines")  # None: the default half
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
 
     german_of: dict[str, str] = {}
