@@ -72,6 +72,8 @@ NOTES = [
     "TRL bf16=True on CPU: accelerate wraps the PeftModel forward in bf16 autocast, but model.generate calls the "
     "base model's forward directly, so TRL's sampling runs in fp32 (see config.autocast_on_in of the TRL rows).",
     "Ratios compare ours with TRL at the same precision setting; the issue-3 target is ratio <= 0.5.",
+    "On --device cuda both sides keep fp32 weights; bf16 rows are autocast mixed precision (TRL: accelerate's, "
+    "ours: model.autocast bf16); times include the GPU work (each step ends with host reads of its results).",
 ]
 
 
@@ -105,6 +107,7 @@ def machine_info(threads: int) -> dict:
         "peft": peft.__version__,
         "python": platform.python_version(),
         "threads": threads,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         # glibc allocator settings change both sides' timings (freshly mapped memory page-faults): recorded
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -124,7 +127,7 @@ def summarize(name: str, steps: list[dict], warmup: int, **extra) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------- TRL GRPO
-def run_trl(bf16: bool, warmup: int, steps: int, threads: int) -> dict:
+def run_trl(bf16: bool, warmup: int, steps: int, threads: int, device: str = "cpu") -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -180,7 +183,7 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int) -> dict:
             temperature=1.0,
             top_p=1.0,
             bf16=bf16,
-            use_cpu=True,
+            use_cpu=device == "cpu",
             gradient_checkpointing=False,
             disable_dropout=True,
             report_to="none",
@@ -227,7 +230,7 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int) -> dict:
         autocast_seen: dict[str, set] = {}
 
         def probe(module, inputs):
-            autocast_seen.setdefault(phase[0], set()).add(torch.is_autocast_enabled("cpu"))
+            autocast_seen.setdefault(phase[0], set()).add(torch.is_autocast_enabled(device))
 
         first_layer = trainer.accelerator.unwrap_model(trainer.model).get_base_model().model.layers[0]
         first_layer.register_forward_pre_hook(probe)
@@ -253,7 +256,7 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- our engine
-def our_config(algo: str, bf16: bool, total_steps: int, threads: int) -> dict:
+def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: str = "cpu") -> dict:
     if algo == "ppo":
         algo_cfg = {"name": "ppo", "prompts_per_step": COMPLETIONS, "samples_per_prompt": 1, "epochs": 1,
                     "minibatch_size": COMPLETIONS, "lr": LR}
@@ -263,7 +266,7 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int) -> dict:
     return {
         "seed": 0,
         "steps": total_steps,
-        "model": {"name": "smollm2", "autocast": "bf16" if bf16 else "none", "lora": dict(LORA)},
+        "model": {"name": "smollm2", "autocast": "bf16" if bf16 else "none", "lora": dict(LORA), "device": device},
         "task": {"name": "vader"},
         "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS},
         "algo": algo_cfg,
@@ -276,11 +279,11 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int) -> dict:
     }
 
 
-def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int) -> dict:
+def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int, device: str = "cpu") -> dict:
     from elastic_reset.rl.config import config_from_dict
     from elastic_reset.rl.trainer import RLTrainer
 
-    cfg_dict = our_config(algo, bf16, warmup + steps, threads)
+    cfg_dict = our_config(algo, bf16, warmup + steps, threads, device)
     config = config_from_dict(cfg_dict)
     records = []
     with tempfile.TemporaryDirectory(prefix="bench-ours-") as tmp:
@@ -341,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up steps per row, discarded (default 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides run (default cpu; on cuda, bf16 rows are mixed precision on the GPU)")
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)} (default: all)")
     args = parser.parse_args(argv)
@@ -356,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     info = machine_info(args.threads)
     info["loadavg_start"] = list(os.getloadavg())
-    print(f"# {info['cpu']}, {info['cores']} cores, torch {info['torch']}, transformers {info['transformers']}, "
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    print(f"# {info['gpu'] or info['cpu']}, {info['cores']} cores, torch {info['torch']}, "
+          f"transformers {info['transformers']}, "
           f"trl {info['trl']}, {args.threads} threads, load average {info['loadavg_start'][0]:.2f}", flush=True)
 
     rows: list[dict] = []
@@ -367,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             if side == "trl":
-                row = run_trl(bf16, args.warmup, args.steps, args.threads)
+                row = run_trl(bf16, args.warmup, args.steps, args.threads, args.device)
             else:
-                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads)
+                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads, args.device)
         except Exception as err:  # a refused configuration (e.g. bf16 on CPU) is reported, not fatal
             traceback.print_exc()
             row = {"row": "TRL GRPO" if side == "trl" else f"ours {rest[0].upper()}",
@@ -397,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["row"] == "TRL GRPO" and seen is not None:
             print(f"TRL {r['precision']}: bf16 autocast on during {seen}")
     load = info["loadavg_start"][0]
-    if load > 1.5:
+    if load > 1.5 and args.device == "cpu":
         print(f"WARNING: 1-minute load average was {load:.2f} at the start (> 1.5 on this machine): other work "
               "competed for the cores, timings are inflated and noisy.")
     result = {
@@ -405,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         "work": {"model": "SmolLM2-135M-Instruct", "lora": LORA, "completions_per_step": COMPLETIONS,
                  "new_tokens": NEW_TOKENS, "reward": "elastic_reset.rewards.vader.vader_positive",
                  "prompts": "vader task train prompts", "kl_coef": KL_COEF, "optimizer_steps_per_step": 1},
-        "args": {"steps": args.steps, "warmup": args.warmup, "threads": args.threads, "rows": wanted},
+        "args": {"steps": args.steps, "warmup": args.warmup, "threads": args.threads, "rows": wanted,
+                 "device": args.device},
         "machine": info,
         "notes": NOTES,
         "rows": rows,

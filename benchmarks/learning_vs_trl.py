@@ -71,10 +71,11 @@ class HeldOut:
         self.tokenizer.padding_side = "left"
         enc = self.tokenizer(self.prompts, return_tensors="pt", padding=True)
         self.tokenizer.padding_side = side
-        rollout = sample(model, enc.input_ids, enc.attention_mask,
+        device = next(model.parameters()).device
+        rollout = sample(model, enc.input_ids.to(device), enc.attention_mask.to(device),
                          SamplingConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS),
                          pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                         generator=torch.Generator().manual_seed(EVAL_SEED), autocast_dtype=self.autocast_dtype)
+                         generator=torch.Generator(device).manual_seed(EVAL_SEED), autocast_dtype=self.autocast_dtype)
         ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         reward = sum(self.task.reward_fn(self.prompts, texts)) / len(texts)
@@ -95,7 +96,7 @@ def run_trl(args) -> dict:
     from elastic_reset.tasks import get_task
 
     model, tokenizer = load_smollm2()
-    held_out = HeldOut(tokenizer, args.eval_samples, None)
+    held_out = HeldOut(tokenizer, args.eval_samples, torch.bfloat16 if args.precision == "bf16" else None)
     points: list[dict] = []
 
     def reward(prompts, completions, **kwargs):
@@ -120,7 +121,8 @@ def run_trl(args) -> dict:
             gradient_accumulation_steps=1, num_iterations=1, beta=0.0, learning_rate=args.lr,
             lr_scheduler_type="constant", max_completion_length=NEW_TOKENS,
             generation_kwargs={"min_new_tokens": NEW_TOKENS}, temperature=1.0, top_p=1.0,
-            bf16=args.precision == "bf16", use_cpu=True, disable_dropout=True, report_to="none", logging_steps=1,
+            bf16=args.precision == "bf16", use_cpu=args.device == "cpu", disable_dropout=True, report_to="none",
+            logging_steps=1,
             disable_tqdm=True, save_strategy="no", max_steps=args.steps, seed=args.seed, dataloader_num_workers=0)
         trainer = GRPOTrainer(
             model=model, reward_funcs=reward, args=config,
@@ -148,7 +150,8 @@ def run_ours(args, algo: str) -> dict:
              {"name": "ppo", "prompts_per_step": PROMPTS * GENERATIONS, "samples_per_prompt": 1, "epochs": 2})
     config = {
         "seed": args.seed, "steps": args.steps,
-        "model": {"name": "smollm2", "autocast": "bf16" if args.precision == "bf16" else "none", "lora": dict(LORA)},
+        "model": {"name": "smollm2", "autocast": "bf16" if args.precision == "bf16" else "none", "lora": dict(LORA),
+                  "device": args.device},
         "task": {"name": "vader"},
         "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS},
         "algo": {**shape, "lr": args.lr, "minibatch_size": PROMPTS * GENERATIONS},
@@ -183,7 +186,7 @@ def time_to(points: list[dict], target: float) -> float | None:
     return next((p["wall_s"] for p in points if p["reward"] >= target), None)
 
 
-def plot(rows: list[dict], target: float, path: Path) -> None:
+def plot(rows: list[dict], target: float, path: Path, where: str = "2 CPU threads") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,7 +197,7 @@ def plot(rows: list[dict], target: float, path: Path) -> None:
         pts = row["points"]
         for ax, key in zip(axes, ("wall_s", "samples")):
             ax.plot([p[key] for p in pts], [p["reward"] for p in pts], marker="o", label=row["row"])
-    for ax, label in zip(axes, ("training wall time (s, 2 CPU threads)", "completions trained on")):
+    for ax, label in zip(axes, (f"training wall time (s, {where})", "completions trained on")):
         ax.axhline(target, color="grey", ls=":", lw=1)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=4, help="completions per held-out prompt (default 4)")
     parser.add_argument("--rows", default="trl,rloo,ppo", help="comma-separated subset of trl,rloo,ppo")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
-    print(f"# {info['cpu']}, AVX-512 BF16: {info['avx512_bf16']}, trl {info['trl']}, {args.threads} threads",
+    print(f"# {info['gpu'] or info['cpu']}, AVX-512 BF16: {info['avx512_bf16']}, trl {info['trl']}, {args.threads} threads",
           flush=True)
     rows = []
     for name in rows_wanted:
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure = args.out.with_suffix(".png")
-    plot(rows, args.target, figure)
+    plot(rows, args.target, figure, info["gpu"] if args.device == "cuda" else f"{args.threads} CPU threads")
     args.out.write_text(json.dumps({"benchmark": "held-out reward vs wall time, ours vs TRL GRPOTrainer",
                                     "args": {k: str(v) for k, v in vars(args).items()}, "machine": info,
                                     "rows": rows, "table_markdown": table}, indent=2) + "\n")

@@ -64,6 +64,8 @@ class RewardModelConfig:
     """Tokens kept per prompt + response (the end is kept: where the responses differ)."""
     seed: int = 0
     """Seeds the heads, LoRA and the batch order."""
+    bf16: bool = False
+    """Train under bf16 autocast (the weights stay fp32): for a GPU, or a CPU with AVX-512 BF16. Scoring stays fp32."""
     save_steps: int = 100
     """The Trainer writes a checkpoint every this many steps (``--resume`` starts from the newest)."""
 
@@ -164,7 +166,7 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         output_dir=str(checkpoints), per_device_train_batch_size=config.batch_size, num_train_epochs=config.epochs,
         learning_rate=config.lr or DEFAULT_LR.get(config.backbone, 3e-5), weight_decay=0.0, warmup_steps=0.05,
         lr_scheduler_type="linear", logging_steps=10, save_strategy="steps", save_steps=config.save_steps,
-        save_total_limit=2, report_to=[], remove_unused_columns=False,
+        save_total_limit=2, report_to=[], remove_unused_columns=False, bf16=config.bf16,
         disable_tqdm=not progress, seed=config.seed, data_seed=config.seed, use_cpu=not torch.cuda.is_available())
     trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
                               train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens),
