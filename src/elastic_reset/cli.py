@@ -52,6 +52,8 @@ def _compare(args: argparse.Namespace) -> int:
         command += ["--method-set", item]
     summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
                        drift=args.drift, command=command, score=args.score)
+    if summary is None:
+        return 0  # a data-parallel rank other than 0: rank 0 reports
     print(format_dominance(summary["dominance"]))
     print(format_table(summary))
     print(f"grid written to {args.out} (summary.json, pareto.png, pareto_curves.png)")
@@ -164,7 +166,7 @@ def _reward_model_train(args: argparse.Namespace) -> int:
 
     config = RewardModelConfig(backbone=args.backbone, advantage=args.advantage, data=args.data,
                                data_dir=args.data_dir, seed=args.seed, epochs=args.epochs, lr=args.lr,
-                               batch_size=args.batch_size, max_tokens=args.max_tokens)
+                               batch_size=args.batch_size, max_tokens=args.max_tokens, bf16=args.bf16)
     names = "+".join(Path(d).stem.split(".")[0] for d in args.data)
     name = f"{args.backbone}-{'am' if args.advantage else 'rm'}-{names}-seed{args.seed}"
     out = Path(args.out) if args.out else cache_dir() / "reward-models" / name
@@ -296,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--max-tokens", type=_positive_int, default=256)
     rm_train.add_argument("--out", default=None, help="default: the cache, reward-models/<backbone>-<rm|am>-"
                           "<data>-seed<S>")
+    rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training (a GPU, or an AVX-512 "
+                          "BF16 CPU)")
     rm_train.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
     rm_train.set_defaults(func=_reward_model_train)
     return parser

@@ -37,6 +37,7 @@ from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import atomic_write_text
 from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
+from elastic_reset.rl.distributed import is_main_process
 
 DONE = "done"
 """Name of the marker file of a finished cell (JSON: the steps it finished at, and when)."""
@@ -173,9 +174,11 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     from elastic_reset.rl.trainer import RLTrainer
 
     status = cell_status(cell)
-    write_label(cell)  # every cell, finished ones too (grids from before label files get theirs here)
+    main = is_main_process()  # under `accelerate launch` every rank trains the cell; rank 0 writes its files
+    if main:
+        write_label(cell)  # every cell, finished ones too (grids from before label files get theirs here)
     if status == "done":
-        if not (cell.run_dir / DONE).is_file():
+        if main and not (cell.run_dir / DONE).is_file():
             _write_done(cell)
         return "skipped"
     resume = status == "partial"
@@ -190,7 +193,8 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
         log(f"compare: {cell.method} seed {cell.seed} stopped ({cell.run_dir}); run the same command again "
             "to continue the grid")
         raise
-    _write_done(cell)
+    if main:
+        _write_done(cell)
     # A big model's weights, optimizer state and EMA are freed before the next cell builds its own.
     del trainer
     gc.collect()
@@ -216,11 +220,14 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
 def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str = "perplexity", command: list[str] | None = None,
-             log: Callable[[str], None] = print, score: str = "reward") -> dict[str, Any]:
+             log: Callable[[str], None] = print, score: str = "reward") -> dict[str, Any] | None:
     """Train every cell that is not finished, one after the other, then write the report (see module docs).
 
-    ``command`` is the command line recorded in summary.json (argv list).
+    ``command`` is the command line recorded in summary.json (argv list). Under ``accelerate launch`` every
+    process trains each cell as one rank of it, and rank 0 alone writes the report (the others return None).
     """
+    if not is_main_process():
+        log = lambda message: None  # noqa: E731  one progress log, rank 0's
     drift_metric(drift)  # an unknown drift or score fails before hours of training, not after
     score_label(score)
     out_dir = Path(out_dir)
@@ -244,4 +251,4 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
                  "overrides": list(overrides), "method_overrides": method_overrides or {}},
         "runs": actions,
     }
-    return grid_report(out_dir, cells, drift, extra, score)
+    return grid_report(out_dir, cells, drift, extra, score) if is_main_process() else None

@@ -48,6 +48,7 @@ from elastic_reset.rl.config import (
     check_same_run,
     config_to_dict,
 )
+from elastic_reset.rl.distributed import DataParallel, mean_record
 from elastic_reset.rl.methods import PolicyHandle, build_method
 from elastic_reset.rl.policy import (
     Reference,
@@ -78,14 +79,17 @@ class RLTrainer:
         config.validate()
         self.config = config
         self.out_dir = Path(out_dir)
+        # Under `accelerate launch`: one rank of several (rl/distributed.py); otherwise the identity.
+        self.dp = DataParallel.from_environment(resolve_device(config.model.device).type)
         self._prepare_run_dir(resume)
+        self.dp.barrier()  # every rank has checked the run directory before rank 0 writes to it
         if config.threads:
             torch.set_num_threads(config.threads)
         self.task = task or get_task(config.task.name, config.task.data_dir, **config.task.options)
         self.learned_reward = self.task.reward_fn if isinstance(self.task.reward_fn, LearnedReward) else None
 
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
-        self.device = resolve_device(config.model.device)
+        self.device = self.dp.device(resolve_device(config.model.device))
         self.model.to(self.device)  # before any copy of it (reference, NLPO mask model, EMA)
         self.is_lora = config.model.lora is not None
         self.autocast_dtype = autocast_dtype(config.model.autocast, self.device)
@@ -109,11 +113,12 @@ class RLTrainer:
         self.baseline = ops.MovingAverageBaseline(config.algo.baseline_decay)
         self.method = build_method(config.method)
         self.method.setup(PolicyHandle(self.model, self.optimizer, list(self.task.pretrain_texts), self.lm_loss))
-        # Before any resume: the model still holds the initial weights here.
-        self.reference_texts = self._reference_texts()
+        # Before any resume: the model still holds the initial weights here. Rank 0 alone evaluates.
+        self.reference_texts = self._reference_texts() if self.dp.is_main else []
 
-        # On the model's device: sampling draws its noise there (a CPU generator cannot feed CUDA's rand).
-        self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        # On the model's device: sampling draws its noise there (a CPU generator cannot feed CUDA's rand). Each
+        # data-parallel rank draws its own samples; rank 0's stream is the single-process one.
+        self.generator = torch.Generator(self.device).manual_seed(config.seed + 1_000_033 * self.dp.rank)
         self.step = 0
         self.data_epoch, self.data_index = 0, 0
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
@@ -165,6 +170,8 @@ class RLTrainer:
         check_same_run(config_path, self.config)
 
     def _write_config(self) -> None:
+        if not self.dp.is_main:
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out_dir / "config.yaml",
                           yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
@@ -180,6 +187,13 @@ class RLTrainer:
         if len(self.task.train_prompts) < n:
             raise ConfigError(f"algo.prompts_per_step: {n} exceeds the task's {len(self.task.train_prompts)} "
                               "training prompts")
+        if self.dp.enabled:
+            self.dp.check_divides("algo.prompts_per_step", n)
+            self.dp.check_divides("algo.minibatch_size", self.config.algo.minibatch_size)
+            if self.learned_reward is not None:
+                raise ConfigError(f"task.name: task {self.task.name!r} has a reward that learns (its listener), "
+                                  "which data-parallel training does not keep in sync across processes yet; run it "
+                                  "in one process")
         if self.model.config.is_encoder_decoder and self.task.drift_key == "perplexity":
             raise ConfigError(f"task.name: task {self.task.name!r} measures drift by perplexity on held-out text, "
                               "which is defined here for decoder-only models, and model.name is an encoder-decoder")
@@ -350,7 +364,7 @@ class RLTrainer:
         t = time.perf_counter()
 
         # 1. Rollout: sample k completions per prompt (NLPO: only inside the mask model's top-p set).
-        prompts = [p for p in self._next_prompts() for _ in range(k)]
+        prompts = [p for p in self.dp.shard(self._next_prompts()) for _ in range(k)]
         query_ids, query_mask = self._encode(prompts)
         rollout = sample(self.model, query_ids, query_mask, self.config.sampling,
                          pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
@@ -378,8 +392,9 @@ class RLTrainer:
         # ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04 nats per token,
         # which would put noise (and a non-zero KL at step 0) into the penalty, so they are recomputed.
         n = len(rollout)
+        minibatch = c.algo.minibatch_size // self.dp.world_size  # this rank's share of each minibatch
         updates = self.method.updates_policy
-        fused = updates and c.algo.minibatch_size >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
+        fused = updates and minibatch >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
         old_logp = old_values = None
         with torch.no_grad():
             if not fused and self.value_head is not None:
@@ -414,8 +429,8 @@ class RLTrainer:
         else:
             for _ in range(c.algo.epochs if c.algo.name == "ppo" else 1):
                 order = torch.randperm(n, generator=self.generator)
-                for start in range(0, n, c.algo.minibatch_size):
-                    idx = order[start:start + c.algo.minibatch_size]
+                for start in range(0, n, minibatch):
+                    idx = order[start:start + minibatch]
                     self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
                                  None if old_values is None else old_values[idx],
                                  None if returns is None else returns[idx], stats)
@@ -430,8 +445,8 @@ class RLTrainer:
             times["reward_learn"] = time.perf_counter() - t
 
         # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
-        mean_kl = float(seq_kl[keep].mean())
-        self.kl_ctl.update(mean_kl, n)
+        mean_kl = self.dp.mean_of(seq_kl[keep])  # of the whole batch: the controller moves alike on every rank
+        self.kl_ctl.update(mean_kl, n * self.dp.world_size)
         self.step += 1
         record: dict[str, Any] = {
             "step": self.step,
@@ -446,7 +461,7 @@ class RLTrainer:
         record.update({f"reward_model/{key}": float(value) for key, value in learned.items()})
         record.update(self.method.on_iteration_end(self.step))
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
-        return record
+        return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
 
     def _advantages(self, rollout: Rollout, scores, keep, mask, kl_tok, seq_kl, beta: float, old_values):
         """Advantages (and PPO's value targets) from the scores and the per-token KL penalty."""
@@ -463,13 +478,13 @@ class RLTrainer:
                 seq_adv = ops.rloo_advantages(seq_return, c.samples_per_prompt)
             else:
                 # The baseline is used before it sees this batch; the first batch is centred on its own mean.
-                batch_mean = float(seq_return[keep].mean())
+                batch_mean = self.dp.mean_of(seq_return[keep])
                 base = self.baseline.value
                 seq_adv = seq_return - (batch_mean if base is None else base)
                 self.baseline.update(batch_mean)
             advantages = seq_adv[:, None].expand_as(mask).clone()
         if c.whiten_advantages:
-            advantages = ops.whiten(advantages, mask)
+            advantages = self.dp.whiten(advantages, mask)
         return torch.where(mask > 0, advantages, 0.0), returns
 
     def _update(self, mb: Rollout, mask, advantages, old_logp, old_values, returns, stats, out=None) -> None:
@@ -498,6 +513,7 @@ class RLTrainer:
         self._check_finite("loss", loss)
         loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.dp.average_gradients(params)
         if c.max_grad_norm is not None:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
         else:
@@ -568,7 +584,9 @@ class RLTrainer:
 
     # ---------------------------------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """The run's state. Under data parallelism every rank must call it (it gathers each rank's random state;
+        everything else is identical on every rank)."""
+        state = {
             "step": self.step,
             "data": {"epoch": self.data_epoch, "index": self.data_index},
             "trainable": {n: p.detach().clone() for n, p in trainable_named_parameters(self.model)},
@@ -583,6 +601,11 @@ class RLTrainer:
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         }
+        if self.dp.enabled:
+            state["world_size"] = self.dp.world_size
+            state["rank_rngs"] = self.dp.gather_object(
+                {key: state[key] for key in ("generator", "torch_rng", "python_rng")})
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = dict(trainable_named_parameters(self.model))
@@ -601,6 +624,14 @@ class RLTrainer:
             if state.get("reward_model") is None:
                 raise ValueError("checkpoint: it holds no state of the task's learning reward")
             self.learned_reward.load_state_dict(state["reward_model"])
+        saved_by = state.get("world_size", 1)
+        if saved_by != self.dp.world_size:
+            raise ConfigError(f"checkpoint: written by a run of {saved_by} process(es), and its random state "
+                              f"cannot continue exactly on {self.dp.world_size}; resume it with "
+                              + ("`accelerate launch --num_processes " + str(saved_by) + "`" if saved_by > 1
+                                 else "one process (no accelerate launch)"))
+        if self.dp.enabled:
+            state = {**state, **state["rank_rngs"][self.dp.rank]}
         saved_on = state.get("generator_device", "cpu")
         if saved_on != self.device.type:
             raise ConfigError(f"model.device: this checkpoint was written by a run on {saved_on}, and its random "
@@ -612,15 +643,21 @@ class RLTrainer:
         self.step = int(state["step"])
         self.data_epoch, self.data_index = int(state["data"]["epoch"]), int(state["data"]["index"])
 
-    def save(self) -> Path:
-        return save_checkpoint(self.out_dir, self.step, self.state_dict(), keep=self.config.keep_checkpoints)
+    def save(self) -> Path | None:
+        """Write a checkpoint (rank 0; every rank takes part). Returns its path, None on other ranks."""
+        state = self.state_dict()
+        path = (save_checkpoint(self.out_dir, self.step, state, keep=self.config.keep_checkpoints)
+                if self.dp.is_main else None)
+        self.dp.barrier()  # no rank runs ahead of a checkpoint that may yet fail to be written
+        return path
 
     def _resume(self) -> None:
         """Continue from the newest checkpoint that loads, and cut ``metrics.jsonl`` back to its step (the
         resumed run writes the later records again). A run directory that cannot be continued exactly (metrics
         behind the checkpoint, checkpoints lost after they were written) stops with an error naming the file;
         it never restarts from step 0 over existing results."""
-        stale = remove_stale_temps(self.out_dir) + remove_stale_temps(checkpoint_dir(self.out_dir))
+        stale = (remove_stale_temps(self.out_dir) + remove_stale_temps(checkpoint_dir(self.out_dir))
+                 if self.dp.is_main else [])
         if stale:
             warnings.warn(f"{self.out_dir}: removed {len(stale)} temporary file(s) left by a killed save "
                           f"({', '.join(p.name for p in stale)})", RunRecoveryWarning, stacklevel=3)
@@ -635,11 +672,11 @@ class RLTrainer:
                     f"{checkpoint_dir(self.out_dir)}: no checkpoint, but {metrics_path} has records up to step "
                     f"{last} and the first checkpoint is written at step {first}: the checkpoints were lost. "
                     f"Start again in another --out (or delete {self.out_dir} to train it again from step 0)")
-            if records:
+            if records and self.dp.is_main:
                 warnings.warn(f"{self.out_dir}: killed before its first checkpoint (step {first}); starting again "
                               f"from step 0 and dropping the {len(records)} record(s) written so far",
                               RunRecoveryWarning, stacklevel=3)
-            self.metrics.truncate_after(-1)
+            self._truncate_metrics(-1)
             return
         path, state = found
         self.load_state_dict(state)
@@ -648,10 +685,17 @@ class RLTrainer:
                 f"{metrics_path}: " + ("missing" if last is None else f"ends at step {last}")
                 + f", behind the checkpoint {path.name}: the records up to step {self.step} are lost and a resumed "
                 "run would not rewrite them. Restore the file, or start again in another --out")
-        self.metrics.truncate_after(self.step)
+        self._truncate_metrics(self.step)
+
+    def _truncate_metrics(self, step: int) -> None:
+        if self.dp.is_main:
+            self.metrics.truncate_after(step)
+        self.dp.barrier()  # the other ranks read metrics.jsonl above: not while rank 0 rewrites it
 
     # ---------------------------------------------------------------------------------------------- the run
     def _log(self, record: dict[str, Any]) -> None:
+        if not self.dp.is_main:
+            return
         self.metrics.write(record)
         if self.config.tensorboard:
             if self._tb is None:
@@ -672,11 +716,19 @@ class RLTrainer:
 
         written = []
         self._cast_frozen_weights()
+
+        def evaluate(prefix: str = "eval") -> None:
+            # Rank 0 evaluates, the others wait for it (evaluation draws its own noise: it changes no state).
+            if self.dp.is_main:
+                record = {"step": self.step, **(self.evaluate() if prefix == "eval" else
+                                                self._evaluate_current("test", self.task.test_prompts))}
+                self._log(record)
+                written.append(record)
+            self.dp.barrier()
+
         if self.step == 0 and self._eval_due(0):
-            record = {"step": 0, **self.evaluate()}
-            self._log(record)
-            written.append(record)
-        bar = tqdm(total=self.config.steps, initial=self.step, disable=not self.config.progress,
+            evaluate()
+        bar = tqdm(total=self.config.steps, initial=self.step, disable=not self.config.progress or not self.dp.is_main,
                    desc=f"{self.config.method.name}", dynamic_ncols=True)
         try:
             while self.step < self.config.steps:
@@ -686,18 +738,13 @@ class RLTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
                 if self._eval_due(self.step):
-                    eval_record = {"step": self.step, **self.evaluate()}
-                    self._log(eval_record)
-                    written.append(eval_record)
+                    evaluate()
                 every = self.config.checkpoint_every
                 if (every and self.step % every == 0) or self.step == self.config.steps:
                     self.save()
             tested = any(r["step"] == self.step and "test/reward" in r for r in self.metrics.records())
             if self.task.test_prompts and not tested:
-                # Once, on the final weights: the task's test split (the final table of the Translation Game).
-                record = {"step": self.step, **self._evaluate_current("test", self.task.test_prompts)}
-                self._log(record)
-                written.append(record)
+                evaluate("test")  # once, on the final weights: the task's test split (the Translation Game's table)
         finally:
             bar.close()
             self.close()

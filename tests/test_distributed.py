@@ -1,0 +1,150 @@
+"""Data-parallel training (issue 13, part 2): two CPU processes under ``accelerate launch`` (gloo).
+
+Each launch starts two Python processes, so these tests take tens of seconds; they run the tiny config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from elastic_reset.io import read_metrics
+from elastic_reset.rl.config import ConfigError
+from elastic_reset.rl.distributed import DataParallel, mean_record
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+WORKER = ROOT / "tests" / "distributed_worker.py"
+# Elastic Reset every 2 iterations over 6, the EMA updated at every optimizer step (2 epochs x 2 minibatches),
+# PPO with whitened advantages and the adaptive KL controller: every cross-rank statistic is exercised.
+SETTINGS = ["steps=6", "checkpoint_every=2", "eval.every=3", "method.reset_every=2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(*args, processes: int = 2) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), *map(str, args)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+
+
+def _run(args, timeout=300):
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dp") / "run"
+    _run(_launch(WORKER, TINY, out, *SETTINGS))
+    return out
+
+
+def test_ranks_share_the_batch_and_agree_on_weights_ema_and_resets(two_rank_run):
+    ranks = [torch.load(two_rank_run / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert ranks[0]["world_size"] == ranks[1]["world_size"] == 2
+    # Each rank trained on its own half of every batch (2 of the 4 prompts, each sampled twice).
+    for mine, theirs in zip(ranks[0]["prompts"], ranks[1]["prompts"]):
+        assert len(mine) == len(theirs) == 4 and set(mine).isdisjoint(theirs)
+    # The same gradient every step, so the same weights, the same EMA and θ0, the same resets, on both ranks.
+    for name, tensor in ranks[0]["trainable"].items():
+        torch.testing.assert_close(ranks[1]["trainable"][name], tensor, rtol=0, atol=0)
+    ema0, ema1 = ranks[0]["ema"], ranks[1]["ema"]
+    for key in ("ema", "init"):
+        for a, b in zip(ema0[key], ema1[key]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert ema0["num_resets"] == ema1["num_resets"] == 3
+    assert ema0["num_steps"] == ema1["num_steps"] == 6
+
+
+def test_rank_zero_alone_writes_metrics_and_checkpoints(two_rank_run):
+    records = read_metrics(two_rank_run / "metrics.jsonl")
+    train = [r["step"] for r in records if "reward" in r]
+    evals = [r["step"] for r in records if "eval/reward" in r]
+    assert train == [1, 2, 3, 4, 5, 6] and evals == [0, 3, 6]  # once each: not once per rank
+    assert [r["step"] for r in records if "reset" in r] == [2, 4, 6]
+    state = torch.load(two_rank_run / "checkpoints" / "step_0000006.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["rank_rngs"]) == 2
+    assert not torch.equal(state["rank_rngs"][0]["generator"], state["rank_rngs"][1]["generator"])
+
+
+def test_resume_after_sigkill_matches_the_uninterrupted_run(two_rank_run, tmp_path):
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_launch(WORKER, TINY, killed, *SETTINGS), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = killed / "metrics.jsonl", time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= 3 and "reward" in r for r in read_metrics(metrics)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    # The launcher and both ranks at once (torchrun starts the ranks in sessions of their own: kill by ancestry).
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(family) >= 3, "expected the launcher and two ranks"
+    for pid in family:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in family[1:])
+    assert not (killed / "checkpoints" / "step_0000006.pt").exists()
+    _run(_launch(WORKER, TINY, killed, *SETTINGS))
+
+    def without_times(path):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_metrics(path)]
+
+    assert without_times(killed / "metrics.jsonl") == without_times(two_rank_run / "metrics.jsonl")
+    resumed = torch.load(killed / "rank1.pt", weights_only=False)["trainable"]
+    full = torch.load(two_rank_run / "rank1.pt", weights_only=False)["trainable"]
+    for name, tensor in full.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0)
+
+
+def test_a_checkpoint_resumes_only_on_as_many_processes(two_rank_run, tmp_path):
+    from elastic_reset.rl.config import load_config
+    from elastic_reset.rl.trainer import RLTrainer
+
+    trainer = RLTrainer(load_config(TINY, SETTINGS), tmp_path / "one")
+    state = torch.load(two_rank_run / "checkpoints" / "step_0000006.pt", weights_only=False)
+    with pytest.raises(ConfigError, match="2 process.*--num_processes 2"):
+        trainer.load_state_dict(state)
+
+
+def test_a_batch_must_split_evenly_over_the_processes():
+    with pytest.raises(ConfigError, match="algo.prompts_per_step: 5 does not split evenly over 2 processes"):
+        DataParallel(world_size=2).check_divides("algo.prompts_per_step", 5)
+    assert DataParallel(world_size=2, rank=1).shard(list("abcd")) == ["c", "d"]
+
+
+def test_one_record_from_the_ranks_averages_numbers_and_keeps_events():
+    merged = mean_record([{"step": 3, "reward": 1.0, "dropped": 0, "reset": {"index": 1}},
+                          {"step": 3, "reward": 0.0, "dropped": 2, "reset": {"index": 1}}])
+    assert merged == {"step": 3, "reward": 0.5, "dropped": 1, "reset": {"index": 1}}
+
+
+def test_compare_runs_its_cells_data_parallel(tmp_path):
+    grid = tmp_path / "grid"
+    done = _run(_launch("-m", "elastic_reset.cli", "compare", TINY, "--out", grid, "--methods", "elastic_reset",
+                        "--seeds", "1", "--set", "steps=2", "--set", "eval.every=2", "--set", "method.reset_every=1"))
+    assert done.stdout.count("grid written to") == 1  # rank 0 reports; rank 1 trained and stayed quiet
+    records = read_metrics(grid / "elastic_reset" / "seed0" / "metrics.jsonl")
+    assert [r["step"] for r in records if "reward" in r] == [1, 2]
+    assert torch.load(grid / "elastic_reset" / "seed0" / "checkpoints" / "step_0000002.pt",
+                      weights_only=False)["world_size"] == 2
+    assert (grid / "summary.json").is_file()
