@@ -9,6 +9,12 @@ what is reset (the caller excludes it), and the optimizer state is kept by defau
 
 The EMA and θ0 are fp32 copies kept on a device of the caller's choice (CPU by default: the paper's point is that
 the method is cheap), and every update is a fused ``torch._foreach_*`` call over all covered tensors.
+
+Sharded parameters (PyTorch FSDP2 ``fully_shard``: each parameter a ``DTensor``): every rank keeps the EMA and θ0
+of its own shard and a reset writes its own shard. The update and the reset are element-wise, so no communication
+is needed and the gathered result equals the single-process one; only :meth:`ElasticReset.distance` reduces
+across the shards. FSDP1's flat parameters and DeepSpeed ZeRO-3's partitioned ones are refused: torch does not see
+their shards as tensors of the parameters' shapes, and an EMA of what it sees would be silently wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from typing import Any
 
 import torch
 from torch import nn
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed support: nothing can be sharded
+    DTensor = ()
 
 MODES = ("elastic", "ema", "init", "none")
 """``elastic``: θ ← θ̄, θ̄ ← θ0 (the method). ``ema``: θ ← θ̄, EMA never reset (ablation "reset to EMA").
@@ -62,6 +73,24 @@ def _as_named_params(
                 f"model_or_params: item {i} is a {type(item).__name__}; expected a tensor or a (name, tensor) pair"
             )
     return named
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds of ``p``: its shard for a ``DTensor`` (a view: writing it writes the
+    parameter), else ``p`` itself."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _refuse_unsupported_sharding(model_or_params: Any, named: list[tuple[str, torch.Tensor]]) -> None:
+    if isinstance(model_or_params, nn.Module) and any(
+            type(m).__name__ == "FullyShardedDataParallel" for m in model_or_params.modules()):
+        raise ValueError("model_or_params: FSDP1 (FullyShardedDataParallel) flattens parameters; use FSDP2 "
+                         "(torch.distributed.fsdp.fully_shard), whose DTensor shards ElasticReset follows")
+    for name, p in named:
+        if hasattr(p, "ds_id") or type(p).__name__ == "FlatParameter":
+            raise ValueError(f"model_or_params: {name!r} is partitioned by DeepSpeed ZeRO-3 or flattened by FSDP1, "
+                             "outside torch's view of the tensor, so its EMA would be silently wrong; use FSDP2 "
+                             "(fully_shard), or DeepSpeed ZeRO stage 1-2 (parameters replicated)")
 
 
 def _exclude_fn(exclude: Callable[[str], bool] | str | Sequence[str] | None) -> Callable[[str], bool]:
@@ -140,6 +169,7 @@ class ElasticReset:
 
         skip = _exclude_fn(exclude)
         named = [(n, p) for n, p in _as_named_params(model_or_params) if not skip(n)]
+        _refuse_unsupported_sharding(model_or_params, named)
         if not named:
             raise ValueError(
                 "model_or_params: no parameters to cover (none with requires_grad=True, or all excluded)"
@@ -150,6 +180,8 @@ class ElasticReset:
 
         self.names: list[str] = names
         self.params: list[torch.Tensor] = [p for _, p in named]
+        self.is_sharded = any(isinstance(p, DTensor) for p in self.params)
+        """FSDP2 parameters: the EMA, θ0 and :meth:`state_dict` hold this rank's shards only."""
         self.decay = float(decay)
         self.reset_every = None if reset_every is None else int(reset_every)
         self.mode = mode
@@ -165,12 +197,17 @@ class ElasticReset:
         # blocking ones.
         self._pinned = self.device.type == "cpu" and any(p.device.type == "cuda" for p in self.params)
         with torch.no_grad():
-            self.init = [self._host(p.detach().to(self.device, dtype, copy=True)) for p in self.params]
+            self.init = [self._host(t.detach().to(self.device, dtype, copy=True)) for t in self._locals()]
             self.ema = [self._host(t.clone()) for t in self.init]
         # A parameter whose device and dtype already match its EMA copy is read in place; the others are
         # converted on each update (one fused copy into a reused buffer, not one allocation per tensor per step).
-        self._direct = all(p.device == self.device and p.dtype == dtype for p in self.params)
+        self._direct = all(t.device == self.device and t.dtype == dtype for t in self._locals())
         self._buffer: list[torch.Tensor] | None = None
+
+    def _locals(self) -> list[torch.Tensor]:
+        """What this process holds of each covered parameter (its shard under FSDP2), detached: the tensors the
+        EMA reads and a reset writes."""
+        return [_local(p).detach() for p in self.params]
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory() if self._pinned else t
@@ -183,16 +220,16 @@ class ElasticReset:
                 torch.cuda.current_stream(device).synchronize()
 
     def _copy_into_params(self, source: list[torch.Tensor]) -> None:
-        torch._foreach_copy_([p.data for p in self.params], source, non_blocking=self._pinned)
+        torch._foreach_copy_(self._locals(), source, non_blocking=self._pinned)
         self._wait_for_copies()  # ``source`` may be overwritten right after (θ̄ ← θ0)
 
     # ----------------------------------------------------------------------------------------------- updates
     def _params_in_ema_space(self) -> list[torch.Tensor]:
         if self._direct:
-            return [p.detach() for p in self.params]
+            return self._locals()
         if self._buffer is None:
             self._buffer = [self._host(torch.empty_like(e)) for e in self.ema]
-        torch._foreach_copy_(self._buffer, [p.detach() for p in self.params], non_blocking=self._pinned)
+        torch._foreach_copy_(self._buffer, self._locals(), non_blocking=self._pinned)
         self._wait_for_copies()
         return self._buffer
 
@@ -240,10 +277,13 @@ class ElasticReset:
     # --------------------------------------------------------------------------------------------- inspection
     @torch.no_grad()
     def distance(self) -> float:
-        """‖θ − θ̄‖₂ over all covered tensors (how far the policy has moved from its average)."""
+        """‖θ − θ̄‖₂ over all covered tensors (how far the policy has moved from its average). Sharded: over the
+        whole parameters, the same on every rank (a collective: every rank must call it)."""
         diffs = torch._foreach_sub(self._params_in_ema_space(), self.ema)
-        norms = torch._foreach_norm(diffs)
-        return math.sqrt(sum(float(n) ** 2 for n in norms))
+        squares = [float(n) ** 2 for n in torch._foreach_norm(diffs)]
+        if self.is_sharded:
+            squares = _sum_over_shards(self.params, squares)
+        return math.sqrt(sum(squares))
 
     def ema_state(self) -> dict[str, torch.Tensor]:
         """The EMA weights by parameter name (fp32, on :attr:`device`): for saving or loading an EMA model."""
@@ -257,17 +297,18 @@ class ElasticReset:
         ...     eval_reward = evaluate(model)
         """
         with torch.no_grad():
-            saved = [p.detach().clone() for p in self.params]
+            saved = [t.clone() for t in self._locals()]
             self._copy_into_params(self.ema)
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_([p.data for p in self.params], saved)
+                torch._foreach_copy_(self._locals(), saved)
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue bit-for-bit: EMA, θ0, counters, and the every-N schedule.
+        """Everything needed to continue bit-for-bit: EMA, θ0, counters, and the every-N schedule. Sharded: this
+        rank's shards (save one file per rank, and load each rank's own into the same sharding).
 
         Tensors are returned by reference (as ``nn.Module.state_dict`` does); ``torch.save`` copies them. A
         callable ``schedule`` cannot be saved: pass the same one again when resuming.
@@ -325,3 +366,22 @@ class ElasticReset:
         when = f"reset_every={self.reset_every}" if self.schedule is None else "schedule=<callable>"
         return (f"ElasticReset(mode={self.mode!r}, decay={self.decay}, {when}, tensors={len(self.ema)}, "
                 f"numel={numel}, device={self.device}, step={self.num_steps}, resets={self.num_resets})")
+
+
+def _sum_over_shards(params: list[torch.Tensor], squares: list[float]) -> list[float]:
+    """Per-parameter sums of squares of the local shards, summed over the mesh dimensions that shard each one
+    (not those that replicate it: HSDP's replicas hold the same numbers), so every rank gets the global sums."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        if isinstance(p, DTensor):
+            groups.setdefault((id(p.device_mesh), tuple(p.placements)), []).append(i)
+    out = list(squares)
+    for indices in groups.values():
+        mesh, placements = params[indices[0]].device_mesh, params[indices[0]].placements
+        values = torch.tensor([squares[i] for i in indices], dtype=torch.float64, device=mesh.device_type)
+        for dim, placement in enumerate(placements):
+            if placement.is_shard():
+                torch.distributed.all_reduce(values, group=mesh.get_group(dim))
+        for i, value in zip(indices, values.tolist()):
+            out[i] = value
+    return out

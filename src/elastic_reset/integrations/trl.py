@@ -37,6 +37,11 @@ STATE_FILE = "elastic_reset.pt"
 """The file this callback adds to each ``checkpoint-{global_step}`` folder."""
 
 
+def state_file(sharded: bool, rank: int) -> str:
+    """``elastic_reset.pt``, or under FSDP2 one file per rank (``elastic_reset.rank<r>.pt``: its shards)."""
+    return f"elastic_reset.rank{rank}.pt" if sharded else STATE_FILE
+
+
 class ElasticResetCallback(TrainerCallback):
     """Applies Elastic Reset (paper §3) to the model a ``Trainer`` trains: GRPO, RLOO, or any other.
 
@@ -65,8 +70,11 @@ class ElasticResetCallback(TrainerCallback):
     does not tell callbacks which folder ``train(resume_from_checkpoint=...)`` loaded: the callback reads it from
     the trainer's call stack (see :func:`_resumed_checkpoint`), else looks in ``{output_dir}/checkpoint-{step}``;
     ``resume_from`` overrides both. It refuses a state file whose step or weights do not match the resumed model.
-    Single process or DDP; the saving rank writes the file (``args.should_save``). Not for hyperparameter search
-    (its checkpoints live in per-trial folders) nor for sharded parameters (FSDP, DeepSpeed ZeRO-3).
+    Single process or DDP: the saving rank writes the file (``args.should_save``). FSDP2 (``fully_shard``, e.g.
+    accelerate's ``fsdp_version: 2``): each rank keeps the EMA and θ0 of its own shards and writes them to
+    ``elastic_reset.rank<r>.pt`` beside the sharded checkpoint; resume on as many ranks. FSDP1 and DeepSpeed
+    ZeRO-3 are refused when training begins (their flattened or partitioned parameters would give a silently
+    wrong EMA). Not for hyperparameter search (its checkpoints live in per-trial folders).
 
     Args:
         decay, reset_every, mode, device, schedule, exclude, reset_optimizer_state: as in
@@ -145,7 +153,10 @@ class ElasticResetCallback(TrainerCallback):
         logs.update(metrics)
 
     def on_save(self, args, state, control, **kwargs):
-        if self.elastic_reset is None or not args.should_save:
+        if self.elastic_reset is None:
+            return
+        sharded = self.elastic_reset.is_sharded
+        if not (args.should_save or sharded):  # sharded: every rank saves its shards (and distance() is collective)
             return
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if not os.path.isdir(folder):
@@ -160,13 +171,13 @@ class ElasticResetCallback(TrainerCallback):
             "distance": self.elastic_reset.distance(),  # a fingerprint of the weights it belongs with
         }
         # A crash mid-write never leaves a truncated state file (temporary sibling, fsync, rename).
-        atomic_write(os.path.join(folder, STATE_FILE), lambda f: torch.save(payload, f))
+        atomic_write(os.path.join(folder, state_file(sharded, args.process_index)), lambda f: torch.save(payload, f))
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:
         folder = (self.resume_from or _resumed_checkpoint()
                   or os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
-        path = os.path.join(folder, STATE_FILE)
+        path = os.path.join(folder, state_file(self.elastic_reset.is_sharded, args.process_index))
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"{path}: no Elastic Reset state to resume from. Training resumes at step {state.global_step}, and "

@@ -1,0 +1,36 @@
+"""The run tests/fsdp_worker.py shards, in one process (the reference the sharded result must equal)."""
+
+import torch
+
+from elastic_reset.core import ElasticReset
+
+STEPS = 5
+
+
+def make_model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    # 7 rows: two ranks hold shards of 4 and 3 (uneven, as FSDP2 pads them internally).
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)
+
+
+def make_reset(model) -> ElasticReset:
+    return ElasticReset(model, decay=0.7, reset_every=2, mode="elastic")
+
+
+def train(model) -> tuple[dict[str, torch.Tensor], list[float], ElasticReset]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    er = make_reset(model)
+    x, y = batch()
+    distances = []
+    for _ in range(STEPS):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        event = er.step()
+        distances.append(er.distance() if event is None else event.distance)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, distances, er

@@ -1,0 +1,80 @@
+"""Elastic Reset under PyTorch FSDP2 (issue 13, part 3): each rank keeps the EMA and θ0 of its shard, a reset
+writes its own shard, and the gathered weights equal the single-process run. Two gloo processes on the CPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_reference import make_model, train  # noqa: E402
+
+from elastic_reset.core import ElasticReset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(_free_port()), str(ROOT / "tests" / "fsdp_worker.py"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_gathered_weights_after_resets_equal_the_single_process_run(sharded):
+    result = torch.load(sharded / "fsdp.pt", weights_only=False)
+    weights, distances, er = train(make_model())
+    assert result["sharded"] and result["resets"] == er.num_resets == 2
+    for name, tensor in weights.items():
+        torch.testing.assert_close(result["weights"][name], tensor, rtol=1e-5, atol=1e-6)
+    # ‖θ − θ̄‖ over the whole parameters, not one rank's shard.
+    assert result["distances"] == pytest.approx(distances, rel=1e-5)
+
+
+def test_the_trl_callback_saves_and_resumes_each_ranks_shards(sharded):
+    assert torch.load(sharded / "fsdp.pt", weights_only=False)["callback_resumed"]
+    assert sorted(p.name for p in (sharded / "checkpoint-5").iterdir()) == ["elastic_reset.rank0.pt",
+                                                                           "elastic_reset.rank1.pt"]
+
+
+def test_each_rank_keeps_its_own_shard(sharded):
+    states = [torch.load(sharded / f"state{r}.pt", weights_only=False) for r in (0, 1)]
+    _, _, er = train(make_model())
+    full = er.state_dict()
+    for i, name in enumerate(full["names"]):
+        shards = [s["ema"][i] for s in states]
+        if full["ema"][i].dim() == 0 or full["ema"][i].shape[0] == 1:
+            continue
+        assert shards[0].numel() < full["ema"][i].numel()  # a shard, not a replica
+        torch.testing.assert_close(torch.cat(shards), full["ema"][i], rtol=1e-5, atol=1e-6)
+
+
+def test_zero3_and_fsdp1_parameters_are_refused():
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.ds_id = 7  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        ElasticReset([("w", p)], reset_every=2)
+
+    class FullyShardedDataParallel(torch.nn.Module):  # FSDP1's wrapper, by name
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match="FSDP1"):
+        ElasticReset(FullyShardedDataParallel(), reset_every=2)
