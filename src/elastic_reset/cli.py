@@ -32,7 +32,8 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set or [])
     trainer = RLTrainer(config, args.out, resume=args.resume)
     trainer.train()
-    print(f"run written to {args.out} (metrics.jsonl, checkpoints/)")
+    if trainer.dp.is_main:
+        print(f"run written to {args.out} (metrics.jsonl, checkpoints/)")
     return 0
 
 
