@@ -22,10 +22,12 @@ def make_reset(model) -> ElasticReset:
     return ElasticReset(model, decay=0.7, reset_every=2, mode="elastic")
 
 
-def train(model) -> tuple[dict[str, torch.Tensor], list[float], ElasticReset]:
+def train(model, rows: slice = slice(None)) -> tuple[list[float], ElasticReset, torch.optim.Optimizer]:
+    """SGD on ``rows`` of the batch with Elastic Reset; returns ‖θ − θ̄‖ after each step (before a reset's copy),
+    the ElasticReset and the optimizer."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     er = make_reset(model)
-    x, y = batch()
+    x, y = (t[rows] for t in batch())
     distances = []
     for _ in range(STEPS):
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -33,4 +35,4 @@ def train(model) -> tuple[dict[str, torch.Tensor], list[float], ElasticReset]:
         optimizer.zero_grad()
         event = er.step()
         distances.append(er.distance() if event is None else event.distance)
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, distances, er
+    return distances, er, optimizer
