@@ -346,3 +346,15 @@ def test_metrics_are_json_lines_with_step(tmp_path):
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["method"]["name"] == "elastic_reset"
     assert os.path.exists(tmp_path / "checkpoints" / "latest")
+
+
+@pytest.mark.parametrize("method,log_every,logged", [("none", 0, []), ("none", 2, [2, 4]), ("kl", 0, [1, 2, 3, 4])])
+def test_a_kl_outside_the_reward_is_computed_only_when_logged(tmp_path, method, log_every, logged):
+    trainer = RLTrainer(tiny_config(f"method.name={method}", f"kl.log_every={log_every}", "steps=4",
+                                    "kl.target=null"), tmp_path)
+    calls = []
+    reference = trainer._reference_logprobs
+    trainer._reference_logprobs = lambda rollout: calls.append(trainer.step + 1) or reference(rollout)
+    records = trainer.train()
+    assert calls == logged  # the reference forward runs only then (β > 0: always, it is in the reward)
+    assert [r["step"] for r in records if "kl" in r] == logged

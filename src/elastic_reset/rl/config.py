@@ -213,6 +213,10 @@ class KLConfig(_Section):
     """``init``: the initial model (LoRA: adapters disabled). ``ema``: the EMA weights, as the authors' IMDB code.
     ``lm``: the task's language model of the output language (``Task.reference_lm``), scoring each response on its
     own: the Translation Game's KL PENALTY to an English LM (paper §4, after Lee et al. 2019)."""
+    log_every: NonNegativeInt = 1
+    """When the KL is not in the reward (method ``none``, ``frozen``, or β = 0), it is a diagnostic: compute it (one
+    reference forward, ~15 % of a SmolLM2 step) and log ``kl`` only every this many iterations; 0: never (as TRL
+    does at β = 0). Evaluations measure drift either way (``eval/kl_init``, perplexity)."""
 
 
 @dataclass

@@ -392,6 +392,10 @@ class RLTrainer:
         # ones (to ~2e-5 on SmolLM2) and are reused; under bf16 the KV-cache path differs by ~0.04 nats per token,
         # which would put noise (and a non-zero KL at step 0) into the penalty, so they are recomputed.
         n = len(rollout)
+        beta = self.kl_ctl.value if self.method.uses_kl else 0.0
+        # A KL outside the reward is only logged: its reference forward is skipped between logged iterations.
+        every = c.kl.log_every
+        track_kl = beta != 0 or (every > 0 and (self.step + 1) % every == 0)
         minibatch = c.algo.minibatch_size // self.dp.world_size  # this rank's share of each minibatch
         updates = self.method.updates_policy
         fused = updates and minibatch >= n and (c.algo.name != "ppo" or c.algo.epochs == 1)
@@ -403,7 +407,7 @@ class RLTrainer:
             elif not fused:
                 old_logp = (self._forward(self.model, rollout).logprobs if self.autocast_dtype is not None
                             else rollout.logprobs)
-            ref_logp = self._reference_logprobs(rollout)
+            ref_logp = self._reference_logprobs(rollout) if track_kl else None
         times["ref"], t = time.perf_counter() - t, time.perf_counter()
         out = None
         if fused:
@@ -414,9 +418,11 @@ class RLTrainer:
                 old_values = self.value_head(out.hidden).detach()
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
-        kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
+        if track_kl:
+            kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
+        else:
+            kl_tok = torch.zeros_like(mask)
         seq_kl = kl_tok.sum(dim=1)
-        beta = self.kl_ctl.value if self.method.uses_kl else 0.0
         advantages, returns = self._advantages(rollout, scores, keep, mask, kl_tok, seq_kl, beta, old_values)
 
         # 5. Policy (and value) update: epochs × minibatches.
@@ -445,14 +451,15 @@ class RLTrainer:
             times["reward_learn"] = time.perf_counter() - t
 
         # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
-        mean_kl = self.dp.mean_of(seq_kl[keep])  # of the whole batch: the controller moves alike on every rank
-        self.kl_ctl.update(mean_kl, n * self.dp.world_size)
+        if track_kl:  # of the whole batch: the controller moves alike on every rank
+            mean_kl = self.dp.mean_of(seq_kl[keep])
+            self.kl_ctl.update(mean_kl, n * self.dp.world_size)
         self.step += 1
         record: dict[str, Any] = {
             "step": self.step,
             "reward": float(scores[keep].mean()),
             "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
-            "kl": mean_kl,
+            **({"kl": mean_kl} if track_kl else {}),
             "kl_coef": beta,
             "response_length": float(rollout.response_mask.sum(1).float().mean()),
             "dropped": int((~keep).sum()),
@@ -736,7 +743,7 @@ class RLTrainer:
                 self._log(record)
                 written.append(record)
                 bar.update(1)
-                bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
+                bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record.get('kl', float('nan')):.3f}")
                 if self._eval_due(self.step):
                     evaluate()
                 every = self.config.checkpoint_every
