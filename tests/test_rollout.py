@@ -348,10 +348,29 @@ def test_packed_linears_sample_exactly_what_autocast_samples(arch, monkeypatch):
         model.eval()
     ids, mask = prompts(arch, [3, 7, 5])
     packed = run(model, ids, mask, max_new_tokens=10, top_p=0.9, autocast_dtype=torch.bfloat16)
-    monkeypatch.setattr(cpu_bf16, "_can_pack", lambda model, dtype: False)
+    monkeypatch.setattr(cpu_bf16, "_pack_dtype", lambda model, dtype: None)
     plain = run(model, ids, mask, max_new_tokens=10, top_p=0.9, autocast_dtype=torch.bfloat16)
     assert torch.equal(packed.response_ids, plain.response_ids)
     assert torch.equal(packed.logprobs, plain.logprobs)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_fp32_packed_linears_sample_what_the_plain_model_samples(arch, monkeypatch):
+    peft = pytest.importorskip("peft")
+    model = make_model(arch, eos_bias=1.0)
+    if arch == "llama":
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+        model.eval()
+    ids, mask = prompts(arch, [3, 7, 5])
+    with torch.no_grad(), cpu_bf16.packed_linears(model, None, merge_lora=True) as patched:
+        assert len(patched) > 0  # fp32 packs too: decoding on an AVX2-only CPU
+    packed = run(model, ids, mask, max_new_tokens=10, top_p=0.9)
+    monkeypatch.setattr(cpu_bf16, "_pack_dtype", lambda model, dtype: None)
+    plain = run(model, ids, mask, max_new_tokens=10, top_p=0.9)
+    assert torch.equal(packed.response_ids, plain.response_ids)
+    torch.testing.assert_close(packed.logprobs, plain.logprobs, rtol=0, atol=1e-5)  # a different summation order
 
 
 @needs_onednn_bf16

@@ -1,7 +1,8 @@
-"""Making bf16 autocast fast on a CPU: two measured choices, both off unless the compute dtype is bf16 on a CPU.
+"""Making decoding and bf16 autocast fast on a CPU: two measured choices, both off a CPU.
 
 - :func:`packed_linears`: decoding streams every weight matrix once per token; a weight reordered once into
-  oneDNN's blocked layout multiplies faster than one reordered inside every matmul. Bit-identical results.
+  oneDNN's blocked layout multiplies faster than one reordered inside every matmul. In bf16 (CPUs with AVX-512
+  BF16) the results are bit-identical; in fp32 (any CPU with oneDNN, e.g. AVX2 only) they agree to rounding.
 - :func:`use_fp32_attention`: under autocast, ``scaled_dot_product_attention`` runs in bf16, and on this CPU the
   bf16 kernels are the slow ones for teacher-forced passes: forward + backward of one SmolLM2 attention over
   16 x 42 tokens took 16.2 ms against 6.9 ms in fp32, and a whole forward + backward 2.67 s against 2.46 s (decoding
@@ -23,9 +24,16 @@ __all__ = ["FP32_ATTENTION", "linear_types", "packed_linears", "precast_weights"
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _can_pack(model, dtype: torch.dtype | None) -> bool:
-    return (dtype == torch.bfloat16 and _on_cpu(model) and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def _pack_dtype(model, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype to pack weights in for a model computing in ``dtype`` (None: fp32, no autocast): bf16 where
+    oneDNN has bf16 kernels, fp32 without autocast; None (no packing) off the CPU or otherwise."""
+    if not (_on_cpu(model) and torch.backends.mkldnn.is_available()):
+        return None
+    if dtype is None:
+        return torch.float32
+    if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return None
 
 
 def _on_cpu(model) -> bool:
@@ -55,20 +63,24 @@ def _pack(module: torch.nn.Linear, dtype: torch.dtype, batch_hint: int):
 @contextlib.contextmanager
 def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16, *, merge_lora: bool = False):
     """Within the block (no grad), every ``nn.Linear`` of the model computes with its weight reordered once into
-    oneDNN's blocked bf16 layout, instead of reordering it inside every matmul. Yields the set of modules
-    patched; an empty set, and no change, unless ``dtype`` is bf16 on a CPU with oneDNN bf16 support.
+    oneDNN's blocked layout, instead of reordering it inside every matmul. Yields the set of modules patched; an
+    empty set, and no change, off the CPU, without oneDNN, or for a bf16 ``dtype`` without oneDNN bf16 kernels.
+    ``dtype`` is the autocast dtype: bf16 packs bf16 weights, None (fp32) packs fp32 ones.
 
-    Why: a decoding step multiplies 16 rows by every weight matrix, so it streams the weights from memory, and
-    the plain bf16 matmul reached about 6 GB/s doing that here against 10 GB/s for a pre-packed weight (200 matrices
-    of 1536 x 576; the machine reads 30 GB/s). The numbers are bit-identical to the matmul autocast would run
-    (same oneDNN kernel family, same bf16 inputs, fp32 accumulation): checked on SmolLM2's logits, and in the tests.
+    Why: a decoding step multiplies 16 rows by every weight matrix, so it streams the weights from memory. bf16 on
+    an AVX-512 BF16 CPU: the plain matmul reached about 6 GB/s doing that against 10 GB/s for a pre-packed weight
+    (200 matrices of 1536 x 576; the machine reads 30 GB/s), bit-identical to the matmul autocast would run (same
+    oneDNN kernel family, same bf16 inputs, fp32 accumulation). fp32 on an AVX2-only CPU: 0.48 -> 0.25 ms for
+    16 x 576 by 576 x 1536 and 35 -> 12 ms for SmolLM2's 49k-token head, equal to ``F.linear`` up to rounding
+    (a different summation order).
 
     Packs of frozen weights (``requires_grad=False``: a LoRA base, a reference copy) are kept, keyed weakly by
     module, and reused while the weight is the same tensor with the same version counter (an in-place change
     repacks); they cost one more bf16 copy of those weights in memory until the model is freed or
     :func:`release_packed_linears` is called. Trainable weights are packed anew on every entry.
     """
-    if not _can_pack(model, dtype):
+    dtype = _pack_dtype(model, dtype)
+    if dtype is None:
         yield set()
         return
     patched: set[torch.nn.Module] = set()

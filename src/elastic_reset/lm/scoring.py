@@ -66,6 +66,21 @@ def accepts_logits_to_keep(model) -> bool:
     return _KEEP_CACHE[cls]
 
 
+def contiguous_head_input(model) -> None:
+    """Give the model's output head (the LM head) contiguous inputs, with a forward pre-hook. Idempotent.
+
+    transformers slices the hidden states before the head (``logits_to_keep``: the response positions only); a
+    sliced 3-D input is not contiguous, and ``F.linear`` then multiplies by the weight expanded per sequence, as a
+    batched matmul, instead of one matmul. SmolLM2's 49k-token head, forward + backward, 16 x 24 of 40 positions,
+    2 AVX2 threads: 0.88 s sliced against 0.59 s contiguous. The copy (B x T x hidden) is small next to the head.
+    """
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "_contiguous_input_hook", False):
+        return
+    head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+    head._contiguous_input_hook = True
+
+
 def device_of(model) -> torch.device:
     try:
         return next(model.parameters()).device

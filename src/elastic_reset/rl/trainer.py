@@ -33,7 +33,7 @@ from elastic_reset.lm.cpu_bf16 import (
     release_packed_linears,
     use_fp32_attention,
 )
-from elastic_reset.lm.scoring import forward_response, resolve_device, seq2seq_nll
+from elastic_reset.lm.scoring import contiguous_head_input, forward_response, resolve_device, seq2seq_nll
 from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import (
@@ -91,6 +91,7 @@ class RLTrainer:
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
         self.device = self.dp.device(resolve_device(config.model.device))
         self.model.to(self.device)  # before any copy of it (reference, NLPO mask model, EMA)
+        contiguous_head_input(self.model)
         self.is_lora = config.model.lora is not None
         self.autocast_dtype = autocast_dtype(config.model.autocast, self.device)
         if self.learned_reward is not None:
