@@ -4,8 +4,9 @@ engine on the same task, model, LoRA, sample budget and learning rate, judged by
 The work (issue 9, item 2): SmolLM2-135M-Instruct + LoRA (r=16, α=32, q_proj/v_proj, no dropout), the ``vader``
 task (reward: VADER positivity of the continuation), 4 prompts × 4 completions of exactly 24 new tokens per
 optimizer step, one optimizer step per rollout, no KL penalty (β = 0 on both sides: this measures learning, not
-drift), constant learning rate (TRL's default linear decay is switched off), Adam, gradient clipping at 1.0,
-temperature 1, 2 torch threads, fp32 (``--precision bf16`` for a CPU with AVX-512 BF16).
+drift; neither side computes reference log-probs then), constant learning rate (TRL's default linear decay is
+switched off), Adam, gradient clipping at 1.0, temperature 1, 2 torch threads, fp32 (``--precision bf16`` for a CPU
+with AVX-512 BF16; ``--device cuda`` for a GPU).
 
 Rows: ``TRL GRPO`` (``GRPOTrainer``, its defaults otherwise: group-normalised advantages, DAPO loss), ``ours RLOO``
 (leave-one-out baseline, whitened advantages) and ``ours PPO`` (16 prompts × 1, value head, GAE with the
@@ -18,6 +19,7 @@ is subtracted). The report gives, per row, held-out reward against wall time and
 figure), and the time to first reach ``--target`` (an absolute held-out reward) as a ratio ours / TRL.
 
     .venv/bin/python benchmarks/learning_vs_trl.py [--steps 24] [--lr 2e-3] [--target 0.75] [--rows trl,rloo,ppo]
+    .venv/bin/python benchmarks/learning_vs_trl.py --combine seed0.json seed1.json ... --out seeds.json
 
 Writes ``benchmarks/results/learning_vs_trl.json`` and ``.png``. One seed per row: a ratio from one run is a
 measurement of that run, not a distribution.
@@ -155,7 +157,10 @@ def run_ours(args, algo: str) -> dict:
         "task": {"name": "vader"},
         "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS},
         "algo": {**shape, "lr": args.lr, "minibatch_size": PROMPTS * GENERATIONS},
-        "method": {"name": "none"}, "eval": {"every": 0}, "checkpoint_every": 0, "progress": False,
+        # β = 0 on both sides; TRL then runs no reference model, and ours skips the reference forward of its
+        # KL diagnostic too (kl.log_every 0): the same work.
+        "method": {"name": "none"}, "kl": {"log_every": 0}, "eval": {"every": 0}, "checkpoint_every": 0,
+        "progress": False,
         "threads": args.threads,
     }
     resolved = config_from_dict(config)
@@ -209,8 +214,53 @@ def plot(rows: list[dict], target: float, path: Path, where: str = "2 CPU thread
     plt.close(fig)
 
 
+def combine(paths: list[Path], out: Path) -> str:
+    """Several seeds' result files as one table: each seed's time to the target per row, and the ratio of the
+    medians over seeds (one seed's time to a threshold moves by tens of seconds with its sampling noise)."""
+    import statistics
+
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r["row"] for r in runs[0]["rows"]]
+    target = float(runs[0]["args"]["target"])
+    per_row: dict[str, list] = {row: [] for row in rows}
+    lines = ["| seed | " + " | ".join(f"{row}: s/step, time to {target}" for row in rows) + " | ratio |",
+             "|---" * (len(rows) + 2) + "|"]
+    for path, run in zip(paths, runs):
+        by_row = {r["row"]: r for r in run["rows"]}
+        cells = []
+        for row in rows:
+            r = by_row[row]
+            per_row[row].append(r)
+            t = r["time_to_target_s"]
+            cells.append(f"{r['total_wall_s'] / (r['points'][-1]['step'] or 1):.1f}, "
+                         + ("not reached" if t is None else f"{t:.0f} s"))
+        ratio = next((r.get("ratio_vs_trl") for r in run["rows"] if r.get("ratio_vs_trl") is not None), None)
+        ratio_s = "–" if ratio is None else f"{ratio:.2f}"
+        lines.append(f"| {run['args']['seed']} | " + " | ".join(cells) + f" | {ratio_s} |")
+    medians = {}
+    for row, results in per_row.items():
+        times = [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf") for r in results]
+        medians[row] = statistics.median(times)
+    trl = medians.get("TRL GRPO")
+    summary = {row: {"median_time_to_target_s": t,
+                     "median_s_per_step": statistics.median(r["total_wall_s"] / r["points"][-1]["step"]
+                                                            for r in per_row[row]),
+                     "ratio_of_medians_vs_trl": None if trl in (None, float("inf")) or row == "TRL GRPO"
+                     else t / trl} for row, t in medians.items()}
+    lines.append("| median | " + " | ".join(f"{summary[row]['median_s_per_step']:.1f}, {medians[row]:.0f} s"
+                                          for row in rows) + " | " + " ".join(
+        f"{summary[row]['ratio_of_medians_vs_trl']:.2f}" for row in rows
+        if summary[row]["ratio_of_medians_vs_trl"] is not None) + " |")
+    table = "\n".join(lines)
+    out.write_text(json.dumps({"files": [str(p) for p in paths], "target": target, "summary": summary,
+                               "table_markdown": table}, indent=2) + "\n")
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                        help="only summarise earlier runs (one per seed) into --out, without training")
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per row (default 24)")
     parser.add_argument("--lr", type=float, default=2e-3, help="learning rate, every row (default 2e-3, the demo's)")
     parser.add_argument("--target", type=float, default=0.75, help="held-out reward to reach (default 0.75)")
@@ -223,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.combine:
+        print(combine(args.combine, args.out))
+        return 0
     rows_wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
     if set(rows_wanted) - {"trl", "rloo", "ppo"} or not rows_wanted:
         parser.error(f"--rows: expected a subset of trl,rloo,ppo, got {args.rows!r}")
