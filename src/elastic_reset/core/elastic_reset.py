@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # a torch built without distributed support: nothing can be sharded
-    DTensor = ()
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a ``DTensor`` (an FSDP2 parameter). Without importing ``torch.distributed.tensor`` (~0.8 s):
+    a DTensor can only exist once that module is loaded."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(p, module.DTensor)
 
 MODES = ("elastic", "ema", "init", "none")
 """``elastic``: θ ← θ̄, θ̄ ← θ0 (the method). ``ema``: θ ← θ̄, EMA never reset (ablation "reset to EMA").
@@ -78,7 +81,7 @@ def _as_named_params(
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this process holds of ``p``: its shard for a ``DTensor`` (a view: writing it writes the
     parameter), else ``p`` itself."""
-    return p.to_local() if isinstance(p, DTensor) else p
+    return p.to_local() if _is_sharded(p) else p
 
 
 def _refuse_unsupported_sharding(model_or_params: Any, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -180,7 +183,7 @@ class ElasticReset:
 
         self.names: list[str] = names
         self.params: list[torch.Tensor] = [p for _, p in named]
-        self.is_sharded = any(isinstance(p, DTensor) for p in self.params)
+        self.is_sharded = any(_is_sharded(p) for p in self.params)
         """FSDP2 parameters: the EMA, θ0 and :meth:`state_dict` hold this rank's shards only."""
         self.decay = float(decay)
         self.reset_every = None if reset_every is None else int(reset_every)
@@ -373,7 +376,7 @@ def _sum_over_shards(params: list[torch.Tensor], squares: list[float]) -> list[f
     (not those that replicate it: HSDP's replicas hold the same numbers), so every rank gets the global sums."""
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(params):
-        if isinstance(p, DTensor):
+        if _is_sharded(p):
             groups.setdefault((id(p.device_mesh), tuple(p.placements)), []).append(i)
     out = list(squares)
     for indices in groups.values():
