@@ -4,6 +4,7 @@ Each launch starts two Python processes, so these tests take tens of seconds; th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,6 +86,14 @@ def test_rank_zero_alone_writes_metrics_and_checkpoints(two_rank_run):
     assert not torch.equal(state["rank_rngs"][0]["generator"], state["rank_rngs"][1]["generator"])
 
 
+def _alive(process):
+    """Whether a process still runs (a zombie nobody reaps counts as dead)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_resume_after_sigkill_matches_the_uninterrupted_run(two_rank_run, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_launch(WORKER, TINY, killed, *SETTINGS), env=_env(),
@@ -96,13 +105,18 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(two_rank_run, tmp_pa
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
     # The launcher and both ranks at once (torchrun starts the ranks in sessions of their own: kill by ancestry).
-    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    launcher = psutil.Process(proc.pid)
+    family = [launcher, *launcher.children(recursive=True)]
     assert len(family) >= 3, "expected the launcher and two ranks"
-    for pid in family:
-        os.kill(pid, signal.SIGKILL)
+    for process in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in family[1:])
+    # SIGKILL is delivered asynchronously: give the ranks a moment to die.
+    deadline = time.time() + 30
+    while any(map(_alive, family[1:])) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, family[1:])), "a rank survived SIGKILL"
     assert not (killed / "checkpoints" / "step_0000006.pt").exists()
     _run(_launch(WORKER, TINY, killed, *SETTINGS))
 
