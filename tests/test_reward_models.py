@@ -8,6 +8,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,24 @@ def test_calibration_of_a_hand_made_case():
     c = calibration([right] * 3 + [-right])
     assert c.accuracy == pytest.approx(0.75) and c.ece == pytest.approx(0.0, abs=1e-12)
     assert c.bin_accuracy.tolist() == pytest.approx([0.25, 0.75])
+
+
+def test_pair_metrics_per_category_and_per_preference_set():
+    from elastic_reset.reward_models.train import pair_metrics
+
+    pairs = [PreferencePair("p", "c", "r", cat) for cat in ("helpful", "helpful", "harmless", "beer", "mine")]
+    chosen = np.array([1.0, 0.0, 2.0, -1.0, 5.0])
+    rejected = np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    m = pair_metrics(pairs, chosen, rejected)
+    assert m["pairs"] == 5 and m["accuracy"] == pytest.approx(3 / 5)
+    helpful = m["categories"]["helpful"]
+    assert helpful["pairs"] == 2 and helpful["accuracy"] == 0.5 and helpful["responses"] == 4
+    assert helpful["mean"] == pytest.approx(0.5) and helpful["std"] == pytest.approx(0.5)
+    assert m["categories"]["beer"]["accuracy"] == 0.0
+    # HH-RLHF = helpful + harmless (margins 1, -1, 2); beer alone stands for Stack Exchange; "mine" is in no set.
+    assert m["datasets"]["hh-rlhf"] == {"pairs": 3, "accuracy": pytest.approx(2 / 3),
+                                        "ece": pytest.approx(calibration([1.0, -1.0, 2.0]).ece)}
+    assert m["datasets"]["stack-exchange"]["pairs"] == 1 and set(m["datasets"]) == {"hh-rlhf", "stack-exchange"}
 
 
 def test_calibration_counts_a_tie_as_half_and_refuses_nan():
@@ -158,17 +177,18 @@ def test_a_tiny_reward_model_learns_the_toy_preference(tmp_path, advantage_model
     torch.set_num_threads(1)
     tokenizer = byte_tokenizer()
     model = PairwiseRewardModel(tiny_causal_lm(seed=0).model, pooling="last", advantage=advantage_model)
-    before, _ = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
+    before = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, num_train_epochs=3,
                              learning_rate=3e-3, report_to=[], save_strategy="no", logging_steps=5,
                              remove_unused_columns=False, disable_tqdm=True, use_cpu=True, seed=0)
     trainer = PairwiseTrainer(model=model, args=args, train_dataset=encode_pairs(toy_pairs(256, seed=0), tokenizer, 96),
                               data_collator=PairCollator(tokenizer.pad_token_id))
     trainer.train()
-    after, stats = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
+    after = evaluate_pairs(model, toy_pairs(64, seed=1), tokenizer, max_tokens=96)
+    stats = after["categories"]
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses[-1] < losses[0] - 0.2, losses
-    assert after.accuracy > 0.9 > before.accuracy, (before.accuracy, after.accuracy)
+    assert after["accuracy"] > 0.9 > before["accuracy"], (before["accuracy"], after["accuracy"])
     assert set(stats) == {"odd", "even"} and all(s["responses"] == 64 for s in stats.values())
     if advantage_model:  # the bounding loss keeps the advantages within about ±m
         assert all(abs(s["mean"]) < 2.5 for s in stats.values())
@@ -192,8 +212,7 @@ def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
     assert not (tmp_path / "rm.checkpoints").exists()
     model, tokenizer, settings = load_reward_model(tmp_path / "rm")
     assert settings["config"]["advantage"] is True
-    again, _ = evaluate_pairs(model, toy_pairs(32, seed=5), tokenizer, 96)
-    assert again.accuracy > 0.9
+    assert evaluate_pairs(model, toy_pairs(32, seed=5), tokenizer, 96)["accuracy"] > 0.9
     with pytest.raises(FileExistsError, match="already there"):
         train_reward_model(config, tmp_path / "rm", progress=False, log=lambda _: None)
 
@@ -240,6 +259,13 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--epochs", "2",
                  "--batch-size", "16", "--max-tokens", "96", "--out", str(tmp_path / "rm")]) == 0
     assert "test accuracy" in capsys.readouterr().out and (tmp_path / "rm" / "reward_model.json").is_file()
+    # Scored again on its own test split: the numbers it was trained with, now per category too.
+    assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 0
+    trained = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["metrics"]["test"]
+    again = json.loads((tmp_path / "rm" / "evaluation.json").read_text())["test"]
+    assert again["accuracy"] == trained["accuracy"] and set(again["categories"]) == {"odd", "even"}
+    assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 2  # not replaced without --force
+    assert "already there" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "chosen": "a"}\n')
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "bad.jsonl"),
                  "--out", str(tmp_path / "rm2")]) == 2

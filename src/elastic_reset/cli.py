@@ -14,6 +14,7 @@
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
                   [--max-tokens T] [--out DIR] [--resume]
+    elastic-reset reward-model evaluate DIR [--split test] [--data-dir ../shared/data] [--force]
 """
 
 from __future__ import annotations
@@ -177,6 +178,18 @@ def _reward_model_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward_model_evaluate(args: argparse.Namespace) -> int:
+    from elastic_reset.reward_models.build import EVALUATION, evaluate_reward_model
+
+    results = evaluate_reward_model(args.path, tuple(args.split or ["test"]), args.data_dir, force=args.force)
+    for split, metrics in results.items():
+        parts = [f"all {metrics['accuracy']:.3f} / {metrics['ece']:.3f}"]
+        parts += [f"{name} {m['accuracy']:.3f} / {m['ece']:.3f}" for name, m in metrics["datasets"].items()]
+        print(f"{split} ({metrics['pairs']} pairs), accuracy / ECE: {', '.join(parts)}")
+    print(f"written to {args.path}/{EVALUATION}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -303,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "BF16 CPU)")
     rm_train.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
     rm_train.set_defaults(func=_reward_model_train)
+    rm_eval = rm_sub.add_parser("evaluate", help="score a trained model again on its own split: accuracy and ECE "
+                                "overall, per category and per preference set, into <path>/evaluation.json")
+    rm_eval.add_argument("path", help="a folder `reward-model train` wrote")
+    rm_eval.add_argument("--split", action="append", choices=("train", "val", "test"), help="default: test "
+                         "(repeatable)")
+    rm_eval.add_argument("--data-dir", default=None, help="default: the folder the model was trained from")
+    rm_eval.add_argument("--force", action="store_true", help="replace an evaluation.json already there")
+    rm_eval.set_defaults(func=_reward_model_evaluate)
     return parser
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.io import save_folder_atomically
+from elastic_reset.io import atomic_write_text, save_folder_atomically
 from elastic_reset.reward_models.data import (
     PreferencePair,
     load_hh_rlhf,
@@ -31,6 +31,7 @@ DEFAULT_LR = {"smollm2": 1e-4, "minilm": 3e-5, "tiny-llama": 3e-3}
 LLaMA-7B with r = 8; these are small models)."""
 WEIGHTS = "trained.pt"
 SETTINGS = "reward_model.json"
+EVALUATION = "evaluation.json"
 
 
 @dataclass
@@ -177,12 +178,8 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
     metrics = {"train_seconds": seconds, "train_pairs": len(parts["train"]),
                "train_loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}
     for split in ("val", "test"):
-        cal, stats = evaluate_pairs(model, parts[split], tokenizer, config.max_tokens)
-        metrics[split] = {"pairs": len(parts[split]), "accuracy": cal.accuracy, "ece": cal.ece,
-                          "categories": stats, "bins": {"confidence": cal.bin_confidence.tolist(),
-                                                        "accuracy": cal.bin_accuracy.tolist(),
-                                                        "count": cal.bin_count.tolist()}}
-        log(f"reward-model: {split} accuracy {cal.accuracy:.3f}, ECE {cal.ece:.3f}")
+        metrics[split] = evaluate_pairs(model, parts[split], tokenizer, config.max_tokens)
+        log(f"reward-model: {split} accuracy {metrics[split]['accuracy']:.3f}, ECE {metrics[split]['ece']:.3f}")
 
     def write(tmp: Path) -> None:
         torch.save(trained_state(model), tmp / WEIGHTS)
@@ -192,3 +189,26 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
     save_folder_atomically(out, write)
     shutil.rmtree(checkpoints, ignore_errors=True)
     return metrics
+
+
+def evaluate_reward_model(path: str | Path, splits: tuple[str, ...] = ("test",), data_dir: str | None = None,
+                          *, force: bool = False) -> dict:
+    """Score a trained model again on the parts of its own split (the data, split fractions and seed it was trained
+    with) and write ``path/evaluation.json``: for models trained before a metric existed (per-set accuracy and
+    ECE), or on data moved to ``data_dir``. Returns ``{split: metrics}``."""
+    from elastic_reset.reward_models.train import evaluate_pairs
+
+    path = Path(path)
+    model, tokenizer, settings = load_reward_model(path)
+    config = settings["config"]
+    target = path / EVALUATION
+    if target.exists() and not force:
+        raise FileExistsError(f"{target}: already there (--force replaces it)")
+    unknown = sorted(set(splits) - {"train", "val", "test"})
+    if unknown:
+        raise ConfigError(f"split: expected train, val or test, got {', '.join(unknown)}")
+    pairs = load_preferences(config["data"], data_dir or config["data_dir"])
+    parts = split_by_prompt(pairs, tuple(config["split"]), config["split_seed"])
+    results = {split: evaluate_pairs(model, parts[split], tokenizer, config["max_tokens"]) for split in splits}
+    atomic_write_text(target, json.dumps(results, indent=2) + "\n")
+    return results

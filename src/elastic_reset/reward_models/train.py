@@ -7,7 +7,6 @@ bounding loss. One ``Trainer`` subclass trains both, so RM and AM differ only in
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ import torch
 from transformers import Trainer
 
 from elastic_reset.lm.scoring import right_pad
-from elastic_reset.reward_models.calibration import Calibration, calibration
-from elastic_reset.reward_models.data import PreferencePair
+from elastic_reset.reward_models.calibration import calibration
+from elastic_reset.reward_models.data import DATASETS, PreferencePair
 from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
 from elastic_reset.reward_models.model import PairwiseRewardModel
 
@@ -87,25 +86,54 @@ class PairwiseTrainer(Trainer):
 
 
 @torch.no_grad()
-def evaluate_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
-                   batch_size: int = 16) -> tuple[Calibration, dict[str, dict[str, float]]]:
-    """Calibration of σ(score_c − score_r) on ``pairs``, and per category the mean and standard deviation of the
-    scores of all its responses (Peng et al. Fig. 2-3: comparable score distributions across tasks)."""
+def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
+                batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of the chosen and of the rejected response of every pair (the AM's: advantages)."""
     was_training = model.training
     model.eval()
     collate = PairCollator(tokenizer.pad_token_id)
     encoded = encode_pairs(pairs, tokenizer, max_tokens)
     device = next(model.parameters()).device
-    margins, by_category = [], defaultdict(list)
+    chosen, rejected = [], []
     try:
         for start in range(0, len(encoded), batch_size):
             batch = {k: v.to(device) for k, v in collate(encoded[start:start + batch_size]).items()}
-            chosen, rejected = pair_scores(model, batch)
-            margins.extend((chosen - rejected).tolist())
-            for pair, c, r in zip(pairs[start:start + batch_size], chosen.tolist(), rejected.tolist()):
-                by_category[pair.category].extend((c, r))
+            c, r = pair_scores(model, batch)
+            chosen.extend(c.tolist())
+            rejected.extend(r.tolist())
     finally:
         model.train(was_training)
-    stats = {cat: {"mean": float(np.mean(s)), "std": float(np.std(s)), "responses": len(s)}
-             for cat, s in sorted(by_category.items())}
-    return calibration(margins), stats
+    return np.asarray(chosen), np.asarray(rejected)
+
+
+def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
+    """Accuracy, ECE and the reliability bins of σ(score_c − score_r) over all pairs; per category the same plus the
+    mean and standard deviation of the scores of all its responses (Peng et al. Fig. 2-3: comparable score
+    distributions across tasks); per named preference set present (``hh-rlhf``, ``stack-exchange``) accuracy and
+    ECE (their Table 2 reports HH-RLHF alone)."""
+    margins = chosen - rejected
+    categories = np.asarray([p.category for p in pairs])
+
+    def summary(where) -> dict:
+        cal = calibration(margins[where])
+        return {"pairs": int(np.sum(where)), "accuracy": cal.accuracy, "ece": cal.ece}
+
+    everything = calibration(margins)
+    per_category = {}
+    for cat in sorted(set(categories.tolist())):
+        where = categories == cat
+        scores = np.concatenate([chosen[where], rejected[where]])
+        per_category[cat] = {"mean": float(scores.mean()), "std": float(scores.std()), "responses": int(scores.size),
+                             **summary(where)}
+    datasets = {name: summary(np.isin(categories, cats)) for name, cats in DATASETS.items()
+                if np.isin(categories, cats).any()}
+    return {"pairs": len(pairs), "accuracy": everything.accuracy, "ece": everything.ece,
+            "categories": per_category, "datasets": datasets,
+            "bins": {"confidence": everything.bin_confidence.tolist(), "accuracy": everything.bin_accuracy.tolist(),
+                     "count": everything.bin_count.tolist()}}
+
+
+def evaluate_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
+                   batch_size: int = 16) -> dict:
+    """:func:`pair_metrics` of the model's scores on ``pairs``."""
+    return pair_metrics(pairs, *score_pairs(model, pairs, tokenizer, max_tokens, batch_size))
