@@ -2,7 +2,7 @@
 per-category score statistics, plus one reliability diagram per backbone, into results/reward-models/.
 
 Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-model evaluate`` wrote one (it
-adds accuracy and ECE per preference set: paper 2's Table 2 reports HH-RLHF alone), else from the training run.
+adds accuracy and ECE per preference set: paper 2's Table 1 reports HH-RLHF alone), else from the training run.
 "Category spread" is the largest minus the smallest of the per-category mean scores on test (helpful, harmless,
 beer, coffee): paper 2 argues that the AM keeps score distributions comparable across tasks (its Fig. 1 and 3),
 so its spread should be the smaller one.

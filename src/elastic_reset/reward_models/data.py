@@ -18,7 +18,7 @@ HH_SUBSETS = {"helpful": "helpful-base", "harmless": "harmless-base"}
 SE_SITES = ("beer", "coffee")
 DATASETS = {"hh-rlhf": tuple(HH_SUBSETS), "stack-exchange": SE_SITES}
 """The categories each named preference set contributes: metrics are reported per set too (Peng et al. report
-accuracy and ECE per dataset, Table 2)."""
+accuracy and ECE per dataset, Table 1)."""
 ASSISTANT = "\n\nAssistant:"
 
 

@@ -110,7 +110,7 @@ def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.n
     """Accuracy, ECE and the reliability bins of σ(score_c − score_r) over all pairs; per category the same plus the
     mean and standard deviation of the scores of all its responses (Peng et al. Fig. 2-3: comparable score
     distributions across tasks); per named preference set present (``hh-rlhf``, ``stack-exchange``) accuracy and
-    ECE (their Table 2 reports HH-RLHF alone)."""
+    ECE (their Table 1 reports HH-RLHF alone)."""
     margins = chosen - rejected
     categories = np.asarray([p.category for p in pairs])
 
