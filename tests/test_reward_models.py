@@ -266,6 +266,11 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     assert again["accuracy"] == trained["accuracy"] and set(again["categories"]) == {"odd", "even"}
     assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 2  # not replaced without --force
     assert "already there" in capsys.readouterr().err
+    # Too few prompts for a test part: refused before training, not after it.
+    write_toy_file(tmp_path / "few.jsonl", 3, 0)
+    assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "few.jsonl"),
+                 "--out", str(tmp_path / "rm3")]) == 2
+    assert "leaves no" in capsys.readouterr().err and not (tmp_path / "rm3.checkpoints").exists()
     (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "chosen": "a"}\n')
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "bad.jsonl"),
                  "--out", str(tmp_path / "rm2")]) == 2

@@ -161,6 +161,11 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
     if checkpoints.exists() and not resume:
         raise FileExistsError(f"{checkpoints}: an unfinished run is there; continue it with --resume")
     parts = split_by_prompt(load_preferences(config.data, config.data_dir), config.split, config.split_seed)
+    empty = [name for name, part in parts.items() if not part]
+    if empty:  # found now, not after the training, when the evaluation would have nothing to score
+        raise ConfigError(f"data: the split {tuple(config.split)} by prompt (seed {config.split_seed}) leaves no "
+                          f"{' and no '.join(empty)} pairs out of {sum(map(len, parts.values()))}: give more pairs "
+                          "(more distinct prompts) or other split fractions")
     log(f"reward-model: {', '.join(f'{k} {len(v):,}' for k, v in parts.items())} pairs")
     model, tokenizer = build_model(config)
     args = TrainingArguments(
