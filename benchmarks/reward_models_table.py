@@ -5,7 +5,9 @@ Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-
 adds accuracy and ECE per preference set: paper 2's Table 1 reports HH-RLHF alone), else from the training run.
 "Category spread" is the largest minus the smallest of the per-category mean scores on test (helpful, harmless,
 beer, coffee): paper 2 argues that the AM keeps score distributions comparable across tasks (its Fig. 1 and 3),
-so its spread should be the smaller one.
+so its spread should be the smaller one. "Confidence" is the mean max(p, 1 − p): a model that says p ≈ 0.5 for
+every pair has a small ECE however little it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs
+calibration and discrimination together.
 
     .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
 """
@@ -28,6 +30,11 @@ def mean_se(values: list[float]) -> str:
         return f"{m:.3f}"
     se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
     return f"{m:.3f} ± {se:.3f}"
+
+
+def column(values: list) -> str:
+    """Mean ± SE, or "–" where a model's evaluation predates the metric (re-run ``reward-model evaluate --force``)."""
+    return "–" if any(v is None for v in values) else mean_se(values)
 
 
 def category_spread(categories: dict) -> float:
@@ -55,27 +62,30 @@ def main() -> None:
             shutil.copy(evaluation, out / "runs" / f"{settings_file.parent.name}.evaluation.json")
     if not runs:
         raise SystemExit(f"{args.grid}: no finished reward models")
-    lines = ["| backbone | model | seeds | test accuracy | test ECE | HH-RLHF accuracy | HH-RLHF ECE | category spread "
-             "| train time (s) | score mean ± std per category |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| backbone | model | seeds | test accuracy | ECE | log loss | confidence | HH-RLHF accuracy "
+             "| HH-RLHF ECE | HH-RLHF log loss | Stack Exchange accuracy | category spread | train time (s) "
+             "| score mean ± std per category |",
+             "|---" * 14 + "|"]
     summary = {}
     for (backbone, kind), metrics in sorted(runs.items()):
-        cats = sorted(metrics[0]["test"]["categories"])
+        tests = [m["test"] for m in metrics]
+        cats = sorted(tests[0]["categories"])
         per_cat = ", ".join(
-            f"{c} {sum(m['test']['categories'][c]['mean'] for m in metrics) / len(metrics):+.2f} ± "
-            f"{sum(m['test']['categories'][c]['std'] for m in metrics) / len(metrics):.2f}" for c in cats)
-        acc = [m["test"]["accuracy"] for m in metrics]
-        ece = [m["test"]["ece"] for m in metrics]
-        hh = [m["test"]["datasets"]["hh-rlhf"] for m in metrics if "hh-rlhf" in m["test"].get("datasets", {})]
-        hh_acc = mean_se([h["accuracy"] for h in hh]) if len(hh) == len(metrics) else "–"
-        hh_ece = mean_se([h["ece"] for h in hh]) if len(hh) == len(metrics) else "–"
-        spread = [category_spread(m["test"]["categories"]) for m in metrics]
+            f"{c} {sum(t['categories'][c]['mean'] for t in tests) / len(tests):+.2f} ± "
+            f"{sum(t['categories'][c]['std'] for t in tests) / len(tests):.2f}" for c in cats)
+        hh, se = ([t.get("datasets", {}).get(name) or {} for t in tests] for name in ("hh-rlhf", "stack-exchange"))
+        cells = [column([t.get(key) for t in tests]) for key in ("accuracy", "ece", "log_loss", "confidence")]
+        cells += [column([h.get(key) for h in hh]) for key in ("accuracy", "ece", "log_loss")]
+        cells.append(column([s.get("accuracy") for s in se]))
+        spread = [category_spread(t["categories"]) for t in tests]
         secs = sum(m["train_seconds"] for m in metrics) / len(metrics)
-        lines.append(f"| {backbone} | {kind} | {len(metrics)} | {mean_se(acc)} | {mean_se(ece)} | {hh_acc} | {hh_ece} "
-                     f"| {mean_se(spread)} | {secs:.0f} | {per_cat} |")
-        summary[f"{backbone}/{kind}"] = {"seeds": len(metrics), "test_accuracy": acc, "test_ece": ece,
-                                         "test_datasets": [m["test"].get("datasets") for m in metrics],
-                                         "category_spread": spread,
-                                         "categories": [m["test"]["categories"] for m in metrics]}
+        lines.append(f"| {backbone} | {kind} | {len(metrics)} | " + " | ".join(cells)
+                     + f" | {mean_se(spread)} | {secs:.0f} | {per_cat} |")
+        summary[f"{backbone}/{kind}"] = {
+            "seeds": len(metrics), **{f"test_{key}": [t.get(key) for t in tests]
+                                      for key in ("accuracy", "ece", "log_loss", "confidence")},
+            "test_datasets": [t.get("datasets") for t in tests], "category_spread": spread,
+            "categories": [t["categories"] for t in tests]}
     for backbone in sorted({b for b, _ in runs}):
         plot_reliability({kind: runs[(b, kind)] for b, kind in sorted(runs) if b == backbone},
                          out / f"reliability_{backbone}.png")

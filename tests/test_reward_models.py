@@ -66,6 +66,11 @@ def test_calibration_of_a_hand_made_case():
     c = calibration([right] * 3 + [-right])
     assert c.accuracy == pytest.approx(0.75) and c.ece == pytest.approx(0.0, abs=1e-12)
     assert c.bin_accuracy.tolist() == pytest.approx([0.25, 0.75])
+    # Log loss: −(3 log 0.75 + log 0.25) / 4 = 0.5623; each pair claims max(p, 1 − p) = 0.75.
+    assert c.log_loss == pytest.approx(-(3 * math.log(0.75) + math.log(0.25)) / 4) and c.confidence == 0.75
+    # A model that always says 0.5 is perfectly calibrated yet no better than a coin: log loss ln 2, confidence 0.5.
+    c = calibration([0.0] * 4)
+    assert c.ece == 0.0 and c.log_loss == pytest.approx(math.log(2)) and c.confidence == 0.5
 
 
 def test_pair_metrics_per_category_and_per_preference_set():
@@ -81,8 +86,10 @@ def test_pair_metrics_per_category_and_per_preference_set():
     assert helpful["mean"] == pytest.approx(0.5) and helpful["std"] == pytest.approx(0.5)
     assert m["categories"]["beer"]["accuracy"] == 0.0
     # HH-RLHF = helpful + harmless (margins 1, -1, 2); beer alone stands for Stack Exchange; "mine" is in no set.
-    assert m["datasets"]["hh-rlhf"] == {"pairs": 3, "accuracy": pytest.approx(2 / 3),
-                                        "ece": pytest.approx(calibration([1.0, -1.0, 2.0]).ece)}
+    hh = calibration([1.0, -1.0, 2.0])
+    assert m["datasets"]["hh-rlhf"] == {"pairs": 3, "accuracy": pytest.approx(2 / 3), "ece": pytest.approx(hh.ece),
+                                        "log_loss": pytest.approx(hh.log_loss),
+                                        "confidence": pytest.approx(hh.confidence)}
     assert m["datasets"]["stack-exchange"]["pairs"] == 1 and set(m["datasets"]) == {"hh-rlhf", "stack-exchange"}
 
 

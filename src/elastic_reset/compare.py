@@ -2,8 +2,9 @@
 
 Each cell is an ordinary run directory, ``GRID_DIR/<label>/seed<i>/``, trained with ``--set method.name=<method>
 --set seed=<i>`` on top of the user's overrides; the label is the method's name, or the name given to a variant
-(``--methods er_paper=elastic_reset``), and is also written to the cell's ``label`` file. The grid is *resumable*: it can be killed at any moment and
-started again with the same command (in another session, days later), and it continues where it stopped:
+(``--methods er_paper=elastic_reset``), and is also written to the cell's ``label`` file. The grid is *resumable*:
+it can be killed at any moment and started again with the same command (in another session, days later), and it
+continues where it stopped:
 
 - a cell with a ``done`` marker (written atomically after ``train()`` returns) is skipped, and so is a cell whose
   latest checkpoint is already at ``steps`` (killed between its last checkpoint and its marker);

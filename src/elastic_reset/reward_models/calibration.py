@@ -15,6 +15,11 @@ class Calibration:
     """Share of pairs with Δ = r_c − r_r > 0 (a tie counts as half)."""
     ece: float
     """Expected calibration error: Σ_b (n_b / n) |accuracy_b − confidence_b| over equal-width bins."""
+    log_loss: float
+    """Mean −log σ(Δ): the Bradley–Terry loss on these pairs, a proper scoring rule (ln 2 = 0.693 for Δ = 0)."""
+    confidence: float
+    """Mean max(p, 1 − p): how far from a coin toss the model claims to be. A model that always says p ≈ 0.5 has a
+    small ECE whatever it knows; this and the log loss tell that apart from a sharp, calibrated one."""
     bin_confidence: np.ndarray
     """Mean predicted probability per non-empty bin."""
     bin_accuracy: np.ndarray
@@ -43,4 +48,6 @@ def calibration(margins, bins: int = 10) -> Calibration:
     conf, hits, count = conf[used] / count[used], hits[used] / count[used], count[used]
     ece = float(np.sum(count * np.abs(hits - conf)) / probs.size)
     accuracy = float(np.mean((margins > 0) + 0.5 * (margins == 0)))
-    return Calibration(accuracy, ece, conf, hits, count)
+    log_loss = float(np.mean(np.logaddexp(0.0, -margins)))  # −log σ(Δ) without overflow
+    confidence = float(np.mean(np.maximum(p, 1.0 - p)))
+    return Calibration(accuracy, ece, log_loss, confidence, conf, hits, count)

@@ -107,16 +107,17 @@ def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokeniz
 
 
 def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
-    """Accuracy, ECE and the reliability bins of σ(score_c − score_r) over all pairs; per category the same plus the
-    mean and standard deviation of the scores of all its responses (Peng et al. Fig. 2-3: comparable score
-    distributions across tasks); per named preference set present (``hh-rlhf``, ``stack-exchange``) accuracy and
-    ECE (their Table 1 reports HH-RLHF alone)."""
+    """Accuracy, ECE, log loss, mean confidence and the reliability bins of σ(score_c − score_r) over all pairs; per
+    category the same plus the mean and standard deviation of the scores of all its responses (Peng et al. Fig.
+    2-3: comparable score distributions across tasks); per named preference set present (``hh-rlhf``,
+    ``stack-exchange``) the same four numbers (their Table 1 reports HH-RLHF alone)."""
     margins = chosen - rejected
     categories = np.asarray([p.category for p in pairs])
 
     def summary(where) -> dict:
         cal = calibration(margins[where])
-        return {"pairs": int(np.sum(where)), "accuracy": cal.accuracy, "ece": cal.ece}
+        return {"pairs": int(np.sum(where)), "accuracy": cal.accuracy, "ece": cal.ece, "log_loss": cal.log_loss,
+                "confidence": cal.confidence}
 
     everything = calibration(margins)
     per_category = {}
@@ -128,6 +129,7 @@ def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.n
     datasets = {name: summary(np.isin(categories, cats)) for name, cats in DATASETS.items()
                 if np.isin(categories, cats).any()}
     return {"pairs": len(pairs), "accuracy": everything.accuracy, "ece": everything.ece,
+            "log_loss": everything.log_loss, "confidence": everything.confidence,
             "categories": per_category, "datasets": datasets,
             "bins": {"confidence": everything.bin_confidence.tolist(), "accuracy": everything.bin_accuracy.tolist(),
                      "count": everything.bin_count.tolist()}}

@@ -263,10 +263,10 @@ class EvalConfig(_Section):
     reference: Literal["task", "initial_samples"] = "task"
     """What the perplexity drift is measured on. ``task``: the task's held-out human-written texts (IMDB: test
     reviews). ``initial_samples``: ``num_texts`` continuations of the validation prompts sampled once from the
-    initial policy (the prompt as the model saw it + the completion; a fixed seed, so every method and seed of a comparison scores the same
-    texts; saved as ``reference_texts.json`` in the run directory). Their perplexity measures how far the policy
-    has moved away from what it used to write: on the completions, a sample estimate of cross-entropy(π0, π) =
-    H(π0) + KL(π0 ‖ π) (the prompt tokens are scored too, as with any reference text)."""
+    initial policy (the prompt as the model saw it + the completion; a fixed seed, so every method and seed of a
+    comparison scores the same texts; saved as ``reference_texts.json`` in the run directory). Their perplexity
+    measures how far the policy has moved away from what it used to write: on the completions, a sample estimate of
+    cross-entropy(π0, π) = H(π0) + KL(π0 ‖ π) (the prompt tokens are scored too, as with any reference text)."""
     max_text_tokens: PositiveInt = 128
     """Reference texts are truncated to this many tokens for perplexity."""
     batch_size: PositiveInt = 16
