@@ -4,7 +4,7 @@ per-category score statistics, plus one reliability diagram per backbone, into r
 Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-model evaluate`` wrote one (it
 adds accuracy and ECE per preference set: paper 2's Table 1 reports HH-RLHF alone), else from the training run.
 "Category spread" is the largest minus the smallest of the per-category mean scores on test (helpful, harmless,
-beer, coffee): paper 2 argues that the AM keeps score distributions comparable across tasks (its Fig. 1 and 3),
+beer, coffee): paper 2 argues that the AM keeps score distributions comparable across tasks (its Fig. 1 and 4),
 so its spread should be the smaller one. "Confidence" is the mean max(p, 1 − p): a model that says p ≈ 0.5 for
 every pair has a small ECE however little it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs
 calibration and discrimination together.

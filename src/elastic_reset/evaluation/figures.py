@@ -145,7 +145,7 @@ def report(groups: dict[str, list[Run]], out_png: str | Path) -> tuple[dict[str,
 
 
 def plot_reliability(models: dict[str, dict], out_png: str | Path, split: str = "test") -> Path:
-    """Reliability diagrams of reward models (Peng et al. Fig. 4): per model, observed frequency against predicted
+    """Reliability diagrams of reward models (Peng et al. Fig. 2): per model, observed frequency against predicted
     P(y_c ≻ y_r) per bin, with accuracy and ECE in the legend. ``models`` maps a label to the metrics a
     ``reward-model train`` run wrote (``reward_model.json``'s ``metrics``); several seeds of one label are
     averaged bin by bin, weighted by their counts."""

@@ -32,7 +32,7 @@ class PreferencePair:
     """The other one."""
     category: str = ""
     """Where the pair comes from (``helpful``, ``harmless``, ``beer``, ``coffee``, or a file's own field): score
-    statistics are reported per category (Peng et al. Fig. 2-3)."""
+    statistics are reported per category (Peng et al. Fig. 1 and 4)."""
 
 
 def _open_text(path: Path):

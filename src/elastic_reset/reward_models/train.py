@@ -109,7 +109,7 @@ def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokeniz
 def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
     """Accuracy, ECE, log loss, mean confidence and the reliability bins of σ(score_c − score_r) over all pairs; per
     category the same plus the mean and standard deviation of the scores of all its responses (Peng et al. Fig.
-    2-3: comparable score distributions across tasks); per named preference set present (``hh-rlhf``,
+    1 and 4: comparable score distributions across tasks); per named preference set present (``hh-rlhf``,
     ``stack-exchange``) the same four numbers (their Table 1 reports HH-RLHF alone)."""
     margins = chosen - rejected
     categories = np.asarray([p.category for p in pairs])
