@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 GRID=${GRID:-runs/reward-models}
 DATA_DIR=${DATA_DIR:-../shared/data}
 EPOCHS=${EPOCHS:-1}
+SAVE_STEPS=${SAVE_STEPS:-100}  # a checkpoint every N steps: what an interruption loses (SmolLM2 on 2 CPU cores: 25)
 for backbone in ${BACKBONES:-minilm smollm2}; do
   for kind in rm am; do
     for seed in $(seq 0 $(( ${SEEDS:-3} - 1 ))); do
@@ -18,7 +19,7 @@ for backbone in ${BACKBONES:-minilm smollm2}; do
       flag=(); [ "$kind" = am ] && flag=(--advantage)
       echo "$out: training ($(date -u +%H:%M:%S))"
       .venv/bin/elastic-reset reward-model train --backbone "$backbone" "${flag[@]}" --seed "$seed" \
-        --data hh-rlhf --data stack-exchange --data-dir "$DATA_DIR" --epochs "$EPOCHS" --out "$out" "${resume[@]}"
+        --data hh-rlhf --data stack-exchange --data-dir "$DATA_DIR" --epochs "$EPOCHS" --save-steps "$SAVE_STEPS" --out "$out" "${resume[@]}"
     done
   done
 done

@@ -5,9 +5,10 @@ Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-
 adds accuracy and ECE per preference set: paper 2's Table 1 reports HH-RLHF alone), else from the training run.
 "Category spread" is the largest minus the smallest of the per-category mean scores on test (helpful, harmless,
 beer, coffee): paper 2 argues that the AM keeps score distributions comparable across tasks (its Fig. 1 and 4),
-so its spread should be the smaller one. "Confidence" is the mean max(p, 1 − p): a model that says p ≈ 0.5 for
-every pair has a small ECE however little it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs
-calibration and discrimination together.
+so its spread should be the smaller one. A model whose scores are all small has a small spread whatever it does,
+so the spread is also given in units of the standard deviation of all its test scores ("spread / std").
+"Confidence" is the mean max(p, 1 − p): a model that says p ≈ 0.5 for every pair has a small ECE however little
+it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs calibration and discrimination together.
 
     .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
 """
@@ -42,6 +43,13 @@ def category_spread(categories: dict) -> float:
     return max(means) - min(means)
 
 
+def pooled_std(categories: dict) -> float:
+    """The standard deviation of all the responses' scores, from each category's mean, std and count."""
+    n = sum(c["responses"] for c in categories.values())
+    mean = sum(c["mean"] * c["responses"] for c in categories.values()) / n
+    return math.sqrt(sum(c["responses"] * (c["std"] ** 2 + (c["mean"] - mean) ** 2) for c in categories.values()) / n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid")
@@ -63,9 +71,9 @@ def main() -> None:
     if not runs:
         raise SystemExit(f"{args.grid}: no finished reward models")
     lines = ["| backbone | model | seeds | test accuracy | ECE | log loss | confidence | HH-RLHF accuracy "
-             "| HH-RLHF ECE | HH-RLHF log loss | Stack Exchange accuracy | category spread | train time (s) "
-             "| score mean ± std per category |",
-             "|---" * 14 + "|"]
+             "| HH-RLHF ECE | HH-RLHF log loss | Stack Exchange accuracy | category spread | spread / std "
+             "| train time (s) | score mean ± std per category |",
+             "|---" * 15 + "|"]
     summary = {}
     for (backbone, kind), metrics in sorted(runs.items()):
         tests = [m["test"] for m in metrics]
@@ -78,13 +86,15 @@ def main() -> None:
         cells += [column([h.get(key) for h in hh]) for key in ("accuracy", "ece", "log_loss")]
         cells.append(column([s.get("accuracy") for s in se]))
         spread = [category_spread(t["categories"]) for t in tests]
+        relative = [category_spread(t["categories"]) / pooled_std(t["categories"]) for t in tests]
         secs = sum(m["train_seconds"] for m in metrics) / len(metrics)
         lines.append(f"| {backbone} | {kind} | {len(metrics)} | " + " | ".join(cells)
-                     + f" | {mean_se(spread)} | {secs:.0f} | {per_cat} |")
+                     + f" | {mean_se(spread)} | {mean_se(relative)} | {secs:.0f} | {per_cat} |")
         summary[f"{backbone}/{kind}"] = {
             "seeds": len(metrics), **{f"test_{key}": [t.get(key) for t in tests]
                                       for key in ("accuracy", "ece", "log_loss", "confidence")},
             "test_datasets": [t.get("datasets") for t in tests], "category_spread": spread,
+            "category_spread_over_std": relative,
             "categories": [t["categories"] for t in tests]}
     for backbone in sorted({b for b, _ in runs}):
         plot_reliability({kind: runs[(b, kind)] for b, kind in sorted(runs) if b == backbone},

@@ -264,8 +264,9 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     torch.set_num_threads(1)
     data = write_toy_file(tmp_path / "pairs.jsonl", 200, 0)
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--epochs", "2",
-                 "--batch-size", "16", "--max-tokens", "96", "--out", str(tmp_path / "rm")]) == 0
+                 "--batch-size", "16", "--max-tokens", "96", "--save-steps", "7", "--out", str(tmp_path / "rm")]) == 0
     assert "test accuracy" in capsys.readouterr().out and (tmp_path / "rm" / "reward_model.json").is_file()
+    assert json.loads((tmp_path / "rm" / "reward_model.json").read_text())["config"]["save_steps"] == 7
     # Scored again on its own test split: the numbers it was trained with, now per category too.
     assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 0
     trained = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["metrics"]["test"]
