@@ -146,17 +146,19 @@ def report(groups: dict[str, list[Run]], out_png: str | Path) -> tuple[dict[str,
 
 def plot_reliability(models: dict[str, dict], out_png: str | Path, split: str = "test") -> Path:
     """Reliability diagrams of reward models (Peng et al. Fig. 2): per model, observed frequency against predicted
-    P(y_c ≻ y_r) per bin, with accuracy and ECE in the legend. ``models`` maps a label to the metrics a
-    ``reward-model train`` run wrote (``reward_model.json``'s ``metrics``); several seeds of one label are
-    averaged bin by bin, weighted by their counts."""
+    P(y_c ≻ y_r) per bin, with accuracy and ECE in the legend, and below it the share of predictions in each bin
+    (a model that puts nearly everything near 0.5 has a small ECE whatever it knows: the lower panel shows it).
+    ``models`` maps a label to the metrics a ``reward-model train`` run wrote (``reward_model.json``'s
+    ``metrics``); several seeds of one label are averaged bin by bin, weighted by their counts."""
     from matplotlib.figure import Figure
 
     if not models:
         raise ReportError("reliability: no reward models to plot")
-    fig = Figure(figsize=(5.2, 5))
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(5.2, 6.4))
+    ax, shares = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
-    for label, runs in models.items():
+    width = 0.1 / (len(models) + 1)
+    for i, (label, runs) in enumerate(models.items()):
         runs = runs if isinstance(runs, list) else [runs]
         confidence, accuracy, count = (np.concatenate([r[split]["bins"][k] for r in runs])
                                        for k in ("confidence", "accuracy", "count"))
@@ -167,11 +169,14 @@ def plot_reliability(models: dict[str, dict], out_png: str | Path, split: str = 
         acc = np.bincount(edges, weights=accuracy * count, minlength=10)[used] / weights[used]
         ece = np.mean([r[split]["ece"] for r in runs])
         hits = np.mean([r[split]["accuracy"] for r in runs])
-        ax.plot(conf, acc, marker="o", label=f"{label}: acc {hits:.3f}, ECE {ece:.3f} (n={len(runs)})")
-    ax.set_xlabel("predicted P(chosen ≻ rejected) = σ(Δ)")
+        (line,) = ax.plot(conf, acc, marker="o", label=f"{label}: acc {hits:.3f}, ECE {ece:.3f} (n={len(runs)})")
+        shares.bar(np.arange(10) / 10 + (i + 1) * width, weights / weights.sum(), width=width, align="center",
+                   color=line.get_color())
     ax.set_ylabel("observed frequency")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_title(f"Reward model calibration ({split}, 10 bins, both orders of each pair)")
     ax.legend(fontsize=7, loc="upper left")
+    shares.set_xlabel("predicted P(chosen ≻ rejected) = σ(Δ)")
+    shares.set_ylabel("share of predictions")
     return _save(fig, out_png)
