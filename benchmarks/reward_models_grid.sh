@@ -19,7 +19,8 @@ for backbone in ${BACKBONES:-minilm smollm2}; do
       flag=(); [ "$kind" = am ] && flag=(--advantage)
       echo "$out: training ($(date -u +%H:%M:%S))"
       .venv/bin/elastic-reset reward-model train --backbone "$backbone" "${flag[@]}" --seed "$seed" \
-        --data hh-rlhf --data stack-exchange --data-dir "$DATA_DIR" --epochs "$EPOCHS" --save-steps "$SAVE_STEPS" --out "$out" "${resume[@]}"
+        --data hh-rlhf --data stack-exchange --data-dir "$DATA_DIR" --epochs "$EPOCHS" --save-steps "$SAVE_STEPS" \
+        --out "$out" "${resume[@]}"
     done
   done
 done

@@ -86,7 +86,7 @@ def main() -> None:
         cells += [column([h.get(key) for h in hh]) for key in ("accuracy", "ece", "log_loss")]
         cells.append(column([s.get("accuracy") for s in se]))
         spread = [category_spread(t["categories"]) for t in tests]
-        relative = [category_spread(t["categories"]) / pooled_std(t["categories"]) for t in tests]
+        relative = [d / pooled_std(t["categories"]) for d, t in zip(spread, tests)]
         secs = sum(m["train_seconds"] for m in metrics) / len(metrics)
         lines.append(f"| {backbone} | {kind} | {len(metrics)} | " + " | ".join(cells)
                      + f" | {mean_se(spread)} | {mean_se(relative)} | {secs:.0f} | {per_cat} |")

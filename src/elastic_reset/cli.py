@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--batch-size", type=_positive_int, default=8)
     rm_train.add_argument("--max-tokens", type=_positive_int, default=256)
     rm_train.add_argument("--save-steps", type=_positive_int, default=100, help="a checkpoint every N steps (what "
-                          "an interruption can lose; SmolLM2 on 2 CPU cores: ~18 s a step)")
+                          "an interruption can lose; SmolLM2 on 2 CPU cores: ~25 s a step)")
     rm_train.add_argument("--out", default=None, help="default: the cache, reward-models/<backbone>-<rm|am>-"
                           "<data>-seed<S>")
     rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training (a GPU, or an AVX-512 "

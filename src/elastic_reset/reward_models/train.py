@@ -114,10 +114,12 @@ def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.n
     margins = chosen - rejected
     categories = np.asarray([p.category for p in pairs])
 
-    def summary(where) -> dict:
-        cal = calibration(margins[where])
-        return {"pairs": int(np.sum(where)), "accuracy": cal.accuracy, "ece": cal.ece, "log_loss": cal.log_loss,
+    def numbers(cal, pairs: int) -> dict:  # one list of the reported numbers, for every subset alike
+        return {"pairs": pairs, "accuracy": cal.accuracy, "ece": cal.ece, "log_loss": cal.log_loss,
                 "confidence": cal.confidence}
+
+    def summary(where) -> dict:
+        return numbers(calibration(margins[where]), int(np.sum(where)))
 
     everything = calibration(margins)
     per_category = {}
@@ -126,11 +128,9 @@ def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.n
         scores = np.concatenate([chosen[where], rejected[where]])
         per_category[cat] = {"mean": float(scores.mean()), "std": float(scores.std()), "responses": int(scores.size),
                              **summary(where)}
-    datasets = {name: summary(np.isin(categories, cats)) for name, cats in DATASETS.items()
-                if np.isin(categories, cats).any()}
-    return {"pairs": len(pairs), "accuracy": everything.accuracy, "ece": everything.ece,
-            "log_loss": everything.log_loss, "confidence": everything.confidence,
-            "categories": per_category, "datasets": datasets,
+    members = {name: np.isin(categories, cats) for name, cats in DATASETS.items()}
+    datasets = {name: summary(where) for name, where in members.items() if where.any()}
+    return {**numbers(everything, len(pairs)), "categories": per_category, "datasets": datasets,
             "bins": {"confidence": everything.bin_confidence.tolist(), "accuracy": everything.bin_accuracy.tolist(),
                      "count": everything.bin_count.tolist()}}
 
