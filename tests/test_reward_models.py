@@ -201,6 +201,30 @@ def test_a_tiny_reward_model_learns_the_toy_preference(tmp_path, advantage_model
         assert all(abs(s["mean"]) < 2.5 for s in stats.values())
 
 
+def test_grouping_by_length_pads_less_and_still_sees_every_pair_once(tmp_path):
+    from transformers import TrainingArguments
+
+    from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+    from elastic_reset.reward_models.model import PairwiseRewardModel
+    from elastic_reset.reward_models.train import PairCollator, PairwiseTrainer, encode_pairs
+
+    tokenizer = byte_tokenizer()
+    rng = random.Random(0)
+    pairs = [PreferencePair(f"Q{i}:" + " x" * rng.randint(1, 60), " good", " bad", "c") for i in range(160)]
+    encoded = encode_pairs(pairs, tokenizer, 256)
+    padded, seen = {}, {}
+    for strategy in ("random", "group_by_length"):
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, report_to=[],
+                                 remove_unused_columns=False, use_cpu=True, train_sampling_strategy=strategy)
+        trainer = PairwiseTrainer(model=PairwiseRewardModel(tiny_causal_lm(seed=0).model, pooling="last"),
+                                  args=args, train_dataset=encoded, data_collator=PairCollator(tokenizer.pad_token_id))
+        batches = list(trainer.get_train_dataloader())
+        padded[strategy] = sum(b["pair_mask"].numel() for b in batches)
+        seen[strategy] = sorted(int(m.sum()) for b in batches for m in b["pair_mask"])
+    assert seen["group_by_length"] == seen["random"]  # the same pairs, each once
+    assert padded["group_by_length"] < 0.8 * padded["random"], padded
+
+
 def write_toy_file(path, n, seed):
     path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
                                         "category": p.category}) + "\n" for p in toy_pairs(n, seed)))
@@ -224,7 +248,8 @@ def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
         train_reward_model(config, tmp_path / "rm", progress=False, log=lambda _: None)
 
 
-def test_an_interrupted_training_resumes_to_the_same_model(tmp_path):
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_an_interrupted_training_resumes_to_the_same_model(tmp_path, group_by_length):
     from transformers import TrainerCallback
 
     from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
@@ -237,7 +262,7 @@ def test_an_interrupted_training_resumes_to_the_same_model(tmp_path):
     torch.set_num_threads(1)
     data = [str(write_toy_file(tmp_path / "pairs.jsonl", 320, 0))]
     config = RewardModelConfig(backbone="tiny-llama", data=data, epochs=1, batch_size=8, max_tokens=96,
-                               save_steps=10)
+                               save_steps=10, group_by_length=group_by_length)
     full = train_reward_model(config, tmp_path / "full", progress=False, log=lambda _: None)
     with pytest.raises(KeyboardInterrupt):
         train_reward_model(config, tmp_path / "cut", progress=False, log=lambda _: None, callbacks=[Crash()])
@@ -264,9 +289,11 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     torch.set_num_threads(1)
     data = write_toy_file(tmp_path / "pairs.jsonl", 200, 0)
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--epochs", "2",
-                 "--batch-size", "16", "--max-tokens", "96", "--save-steps", "7", "--out", str(tmp_path / "rm")]) == 0
+                 "--batch-size", "16", "--max-tokens", "96", "--save-steps", "7", "--group-by-length",
+                 "--out", str(tmp_path / "rm")]) == 0
     assert "test accuracy" in capsys.readouterr().out and (tmp_path / "rm" / "reward_model.json").is_file()
-    assert json.loads((tmp_path / "rm" / "reward_model.json").read_text())["config"]["save_steps"] == 7
+    config = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["config"]
+    assert config["save_steps"] == 7 and config["group_by_length"] is True
     # Scored again on its own test split: the numbers it was trained with, now per category too.
     assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 0
     trained = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["metrics"]["test"]

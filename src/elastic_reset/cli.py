@@ -13,7 +13,7 @@
                                    [--device auto|cpu|cuda] [--force]
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
-                  [--max-tokens T] [--save-steps N] [--out DIR] [--resume]
+                  [--max-tokens T] [--save-steps N] [--group-by-length] [--out DIR] [--resume]
     elastic-reset reward-model evaluate DIR [--split test] [--data-dir ../shared/data] [--force]
 """
 
@@ -169,7 +169,7 @@ def _reward_model_train(args: argparse.Namespace) -> int:
     config = RewardModelConfig(backbone=args.backbone, advantage=args.advantage, data=args.data,
                                data_dir=args.data_dir, seed=args.seed, epochs=args.epochs, lr=args.lr,
                                batch_size=args.batch_size, max_tokens=args.max_tokens, bf16=args.bf16,
-                               save_steps=args.save_steps)
+                               save_steps=args.save_steps, group_by_length=args.group_by_length)
     names = "+".join(Path(d).stem.split(".")[0] for d in args.data)
     name = f"{args.backbone}-{'am' if args.advantage else 'rm'}-{names}-seed{args.seed}"
     out = Path(args.out) if args.out else cache_dir() / "reward-models" / name
@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--max-tokens", type=_positive_int, default=256)
     rm_train.add_argument("--save-steps", type=_positive_int, default=100, help="a checkpoint every N steps (what "
                           "an interruption can lose; SmolLM2 on 2 CPU cores: ~25 s a step)")
+    rm_train.add_argument("--group-by-length", action="store_true", help="batches of pairs of similar length: "
+                          "less padding (1.4x fewer tokens a step on hh-rlhf + stack-exchange), another batch order")
     rm_train.add_argument("--out", default=None, help="default: the cache, reward-models/<backbone>-<rm|am>-"
                           "<data>-seed<S>")
     rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training (a GPU, or an AVX-512 "

