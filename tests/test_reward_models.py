@@ -225,6 +225,20 @@ def test_grouping_by_length_pads_less_and_still_sees_every_pair_once(tmp_path):
     assert padded["group_by_length"] < 0.8 * padded["random"], padded
 
 
+def test_pairs_scored_in_batches_keep_their_order_and_scores():
+    from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+    from elastic_reset.reward_models.model import PairwiseRewardModel
+    from elastic_reset.reward_models.train import score_pairs
+
+    tokenizer = byte_tokenizer()
+    model = PairwiseRewardModel(tiny_causal_lm(seed=0).model, pooling="last", advantage=True)
+    pairs = toy_pairs(24, seed=3)  # of varied lengths: sorted by length for the batches
+    batched = score_pairs(model, pairs, tokenizer, 96, batch_size=5)
+    one_by_one = [score_pairs(model, [p], tokenizer, 96, batch_size=1) for p in pairs]
+    for got, expected in zip(batched, zip(*one_by_one)):
+        np.testing.assert_allclose(got, np.concatenate(expected), atol=1e-5)
+
+
 def write_toy_file(path, n, seed):
     path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
                                         "category": p.category}) + "\n" for p in toy_pairs(n, seed)))

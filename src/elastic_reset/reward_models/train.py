@@ -98,22 +98,26 @@ class PairwiseTrainer(Trainer):
 @torch.no_grad()
 def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
                 batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """The scores of the chosen and of the rejected response of every pair (the AM's: advantages)."""
+    """The scores of the chosen and of the rejected response of every pair (the AM's: advantages), in the order of
+    ``pairs``."""
     was_training = model.training
     model.eval()
     collate = PairCollator(tokenizer.pad_token_id)
     encoded = encode_pairs(pairs, tokenizer, max_tokens)
+    # Scored longest first, so that a batch pads to about its own length (the HH-RLHF + Stack Exchange test split at
+    # 256 tokens: 1.12x the real tokens, 1.54x in file order); the scores go back to their pairs' places.
+    order = sorted(range(len(encoded)), key=lambda i: -max(len(encoded[i]["chosen"]), len(encoded[i]["rejected"])))
     device = next(model.parameters()).device
-    chosen, rejected = [], []
+    chosen, rejected = np.empty(len(encoded)), np.empty(len(encoded))
     try:
-        for start in range(0, len(encoded), batch_size):
-            batch = {k: v.to(device) for k, v in collate(encoded[start:start + batch_size]).items()}
+        for start in range(0, len(order), batch_size):
+            where = order[start:start + batch_size]
+            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in where]).items()}
             c, r = pair_scores(model, batch)
-            chosen.extend(c.tolist())
-            rejected.extend(r.tolist())
+            chosen[where], rejected[where] = c.float().cpu().numpy(), r.float().cpu().numpy()
     finally:
         model.train(was_training)
-    return np.asarray(chosen), np.asarray(rejected)
+    return chosen, rejected
 
 
 def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
