@@ -217,6 +217,23 @@ def test_evaluation_samples_several_completions_per_prompt(tmp_path):
     assert prompts == [p for p in trainer.task.eval_prompts[:3] for _ in range(4)]
 
 
+@pytest.mark.parametrize("limit,scored", [(None, 6), (2, 2)])
+def test_the_test_split_is_scored_once_at_the_end_on_its_first_prompts(tmp_path, limit, scored):
+    seen = []
+
+    def reward(prompts, completions):
+        seen.append(list(prompts))
+        return [0.5] * len(completions)
+
+    test_prompts = [f"test prompt {i}" for i in range(6)]
+    overrides = ["eval.every=3", "eval.num_prompts=1", "eval.ema=false"]
+    config = tiny_config(*overrides, *([f"eval.num_test_prompts={limit}"] if limit else []))
+    trainer = RLTrainer(config, tmp_path, task=_task(reward, test_prompts=test_prompts))
+    records = trainer.train()
+    assert [r["step"] for r in records if "test/reward" in r] == [3]
+    assert [p for chunk in seen for p in chunk if p.startswith("test prompt")] == test_prompts[:scored]
+
+
 def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp_path):
     sets = ("eval.reference=initial_samples", "eval.num_texts=5", "eval.batch_size=2", "eval.every=3")
     a = RLTrainer(tiny_config(*sets, "method.name=kl"), tmp_path / "a")

@@ -131,9 +131,9 @@ def agents(tmp_path_factory) -> Path:
 
 def game_config(agents: Path, *overrides: str):
     settings = [f"model.name={agents / 'fr-en'}", f"task.data_dir={SHARED_DATA}", "steps=4", "checkpoint_every=2",
-                "eval.every=2", "eval.num_prompts=8", "eval.batch_size=8", "algo.prompts_per_step=8",
-                "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false", "threads=1",
-                "method.reset_every=2", "method.multitask_batch=4"]
+                "eval.every=2", "eval.num_prompts=8", "eval.num_test_prompts=8", "eval.batch_size=8",
+                "algo.prompts_per_step=8", "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false",
+                "threads=1", "method.reset_every=2", "method.multitask_batch=4"]
     config = config_from_dict(yaml.safe_load(CONFIG.read_text()), [*settings, *overrides])
     config.task.options["agents"] = str(agents)
     return config
@@ -250,9 +250,9 @@ def test_encoder_decoder_task_with_perplexity_drift_is_refused(agents, tmp_path)
 
 def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_path):
     settings = [f"model.name={agents / 'fr-en'}", f"task.data_dir={SHARED_DATA}", "steps=6", "checkpoint_every=2",
-                "eval.every=3", "eval.num_prompts=8", "eval.batch_size=8", "algo.prompts_per_step=8",
-                "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false", "threads=1",
-                "method.name=elastic_reset", "kl.coef=0.001", "method.reset_every=3"]
+                "eval.every=3", "eval.num_prompts=8", "eval.num_test_prompts=8", "eval.batch_size=8",
+                "algo.prompts_per_step=8", "algo.minibatch_size=8", "sampling.max_new_tokens=12", "progress=false",
+                "threads=1", "method.name=elastic_reset", "kl.coef=0.001", "method.reset_every=3"]
     config = yaml.safe_load(CONFIG.read_text())
     config["task"]["options"]["agents"] = str(agents)
     path = tmp_path / "config.yaml"

@@ -255,6 +255,9 @@ class EvalConfig(_Section):
     """Evaluate every this many iterations (and at step 0 and the last step). 0: never."""
     num_prompts: PositiveInt = 16
     """Validation prompts per evaluation."""
+    num_test_prompts: PositiveInt | None = None
+    """Test prompts scored once, on the final weights, where the task has a test split (the Translation Game:
+    Multi30k test, 1,000 lines). None: all of them; fewer for a quick run."""
     samples_per_prompt: PositiveInt = 1
     """Completions sampled per validation prompt. A task with few validation prompts (``vader``: 10) needs several
     to measure its reward beyond sampling noise."""

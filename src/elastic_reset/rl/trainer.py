@@ -728,8 +728,9 @@ class RLTrainer:
         def evaluate(prefix: str = "eval") -> None:
             # Rank 0 evaluates, the others wait for it (evaluation draws its own noise: it changes no state).
             if self.dp.is_main:
+                test_prompts = self.task.test_prompts[:self.config.eval.num_test_prompts]
                 record = {"step": self.step, **(self.evaluate() if prefix == "eval" else
-                                                self._evaluate_current("test", self.task.test_prompts))}
+                                                self._evaluate_current("test", test_prompts))}
                 self._log(record)
                 written.append(record)
             self.dp.barrier()
