@@ -239,6 +239,75 @@ def test_pairs_scored_in_batches_keep_their_order_and_scores():
         np.testing.assert_allclose(got, np.concatenate(expected), atol=1e-5)
 
 
+class WordTokenizer:
+    """Words with their leading space as tokens, as a BPE merges them: ``"Answer: "`` ends in a lone space token
+    that ``"Answer: I"`` merges into ``" I"``."""
+
+    def __init__(self):
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, texts):
+        import re
+
+        return {"input_ids": [[self.vocab.setdefault(w, len(self.vocab)) for w in re.findall(r" ?[^ ]+| +$", t)]
+                              for t in texts]}
+
+
+def test_a_shared_prompt_keeps_the_tokens_of_the_whole_text_and_cuts_from_the_left():
+    from elastic_reset.reward_models.packing import encode_shared_prompts
+
+    tok = WordTokenizer()
+    ids = lambda text: tok([text])["input_ids"][0]  # noqa: E731
+    [(prompt, (yes, no))] = encode_shared_prompts(tok, ["Answer: "], [["I do", "No"]], max_tokens=8)
+    assert prompt == ids("Answer:") and yes == ids(" I do") and no == ids(" No")
+    # Cut from the left: each response to its last max_tokens - 1, the prompt to what the longest leaves (>= 1).
+    [(prompt, (long, short))] = encode_shared_prompts(tok, ["a b c d e f"], [[" 1 2 3 4 5", " x y"]], max_tokens=4)
+    assert long == ids(" 3 4 5") and short == ids(" x y") and prompt == ids(" f")
+    [(prompt, (short,))] = encode_shared_prompts(tok, ["a b c d e f"], [[" x"]], max_tokens=4)
+    assert prompt == ids(" d e f") and short == ids(" x")
+
+
+def tiny_reward_model_folder(path, advantage: bool):
+    """A reward model's folder as ``reward-model train`` writes it, with the untrained tiny model's weights."""
+    from dataclasses import asdict
+
+    from elastic_reset.reward_models.build import SETTINGS, WEIGHTS, RewardModelConfig, build_model, trained_state
+
+    config = RewardModelConfig(backbone="tiny-llama", advantage=advantage, data=["unused.jsonl"], max_tokens=256)
+    model, _ = build_model(config)
+    path.mkdir()
+    torch.save(trained_state(model), path / WEIGHTS)
+    (path / SETTINGS).write_text(json.dumps({"config": asdict(config), "metrics": {}}))
+    return path
+
+
+@pytest.mark.parametrize("advantage_model", [False, True])
+def test_one_pass_over_a_shared_prompt_scores_as_separate_passes(tmp_path, advantage_model):
+    # A pair's row [prompt | chosen | rejected] gives each response the score of its own forward of prompt +
+    # response (the mask hides the other response, the positions continue from the prompt), and e(x) the score
+    # of the prompt alone; in training (pair_scores) and as the RL engine's reward alike.
+    from elastic_reset.reward_models.build import load_reward_model
+    from elastic_reset.reward_models.reward import PreferenceModelReward
+    from elastic_reset.reward_models.train import PairCollator, encode_pairs, pair_scores
+
+    torch.set_num_threads(1)
+    model, tokenizer, _ = load_reward_model(tiny_reward_model_folder(tmp_path / "rm", advantage_model))
+    assert model.shares_prompt
+    pairs = toy_pairs(12, seed=4)  # nothing is cut at 256 tokens
+    collate = PairCollator(tokenizer.pad_token_id)
+    with torch.no_grad():
+        packed = pair_scores(model, collate(encode_pairs(pairs, tokenizer, 256, share_prompt=True)))
+        separate = pair_scores(model, collate(encode_pairs(pairs, tokenizer, 256, share_prompt=False)))
+    for got, expected in zip(packed, separate):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    reward = PreferenceModelReward(tmp_path / "rm", batch_size=5)
+    prompts, answers = [p.prompt for p in pairs], [p.rejected for p in pairs]
+    with torch.no_grad():
+        alone = reward._score_separately(prompts, answers)
+    np.testing.assert_allclose(reward(prompts, answers), alone.numpy(), atol=1e-5)
+    np.testing.assert_allclose(reward(prompts, answers), separate[1].numpy(), atol=1e-5)
+
+
 def write_toy_file(path, n, seed):
     path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
                                         "category": p.category}) + "\n" for p in toy_pairs(n, seed)))

@@ -180,7 +180,8 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         disable_tqdm=not progress, seed=config.seed, data_seed=config.seed, use_cpu=not torch.cuda.is_available())
     trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
-                              train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens),
+                              train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
+                                                         share_prompt=model.shares_prompt),
                               data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume and any(checkpoints.glob("checkpoint-*")))

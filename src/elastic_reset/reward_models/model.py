@@ -61,3 +61,30 @@ class PairwiseRewardModel(nn.Module):
         if self.expected_head is None:
             return reward
         return reward - self.expected(prompt_ids, prompt_mask)
+
+    @property
+    def shares_prompt(self) -> bool:
+        """A last-token reader is a decoder: its responses can share one pass over their prompt
+        (:mod:`~elastic_reset.reward_models.packing`). A mean-pooled encoder reads the prompt in the light of the
+        response, so it reads each ``prompt + response`` on its own."""
+        return self.pooling == "last"
+
+    def packed_scores(self, packed_ids: torch.Tensor, packed_positions: torch.Tensor, packed_mask: torch.Tensor,
+                      packed_ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(r(x, y) of every response ``[B, k]``, e(x) ``[B]`` or None) from rows that
+        :func:`~elastic_reset.reward_models.packing.pack` built."""
+        attention = self.backbone.config._attn_implementation
+        if attention == "eager":  # eager attention adds the mask to the scores
+            dtype = next(self.backbone.parameters()).dtype
+            packed_mask = torch.zeros(packed_mask.shape, dtype=dtype, device=packed_mask.device).masked_fill(
+                ~packed_mask, torch.finfo(dtype).min)
+        elif attention != "sdpa":
+            raise ValueError(f"packed scoring takes a custom attention mask: sdpa or eager attention, not {attention}")
+        if self.expected_head is not None and bool((packed_ends[:, 0] < 0).any()):
+            raise ValueError("the Advantage Model's e(x) needs at least one prompt token; a prompt is empty")
+        hidden = self.backbone(input_ids=packed_ids, attention_mask=packed_mask,
+                               position_ids=packed_positions).last_hidden_state.float()
+        at = hidden[torch.arange(hidden.shape[0], device=hidden.device)[:, None], packed_ends]  # [B, 1 + k, H]
+        rewards = self.reward_head(at[:, 1:]).squeeze(-1)
+        expected = None if self.expected_head is None else self.expected_head(at[:, 0]).squeeze(-1)
+        return rewards, expected

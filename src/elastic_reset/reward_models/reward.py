@@ -1,5 +1,7 @@
 """A trained pairwise reward model as the RL engine's reward: the policy's text is re-tokenized with the reward
-model's own tokenizer and scored in batches; an Advantage Model reports a(x, y) = r(x, y) − e(x)."""
+model's own tokenizer and scored in batches, as in training (a causal model reads prompt + completion in one pass
+and, if it is an Advantage Model, e(x) off the prompt's last token); an Advantage Model reports a(x, y) = r(x, y) −
+e(x)."""
 
 from __future__ import annotations
 
@@ -26,23 +28,33 @@ class PreferenceModelReward:
         self.max_tokens = max_tokens or settings["config"]["max_tokens"]
         self.batch_size = batch_size
 
-    def _encode(self, texts: list[str]):
-        from elastic_reset.reward_models.train import truncating_left
-
-        with truncating_left(self.tokenizer):
-            return self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                                  max_length=self.max_tokens)
-
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
         if len(prompts) != len(completions):
             raise RewardError(f"reward model: {len(prompts)} prompts for {len(completions)} completions")
+        score = self._score_packed if self.model.shares_prompt else self._score_separately
         scores = []
         for start in range(0, len(prompts), self.batch_size):
-            xs, ys = prompts[start:start + self.batch_size], completions[start:start + self.batch_size]
-            pair = self._encode([x + y for x, y in zip(xs, ys)])
-            prompt = self._encode(xs) if self.model.is_advantage_model else None
-            scores.extend(self.model.score(pair.input_ids, pair.attention_mask,
-                                           None if prompt is None else prompt.input_ids,
-                                           None if prompt is None else prompt.attention_mask).tolist())
+            scores.extend(score(prompts[start:start + self.batch_size],
+                                completions[start:start + self.batch_size]).tolist())
         return scores
+
+    def _score_packed(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
+        from elastic_reset.reward_models.packing import encode_shared_prompts, pack
+
+        encoded = encode_shared_prompts(self.tokenizer, prompts, [[y] for y in completions], self.max_tokens)
+        rewards, expected = self.model.packed_scores(**pack([x for x, _ in encoded], [ys for _, ys in encoded],
+                                                            self.tokenizer.pad_token_id))
+        return rewards[:, 0] if expected is None else rewards[:, 0] - expected
+
+    def _score_separately(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
+        from elastic_reset.reward_models.train import truncating_left
+
+        with truncating_left(self.tokenizer):
+            def encode(texts):
+                return self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                                      max_length=self.max_tokens)
+            pair = encode([x + y for x, y in zip(prompts, completions)])
+            prompt = encode(prompts) if self.model.is_advantage_model else None
+        return self.model.score(pair.input_ids, pair.attention_mask, None if prompt is None else prompt.input_ids,
+                                None if prompt is None else prompt.attention_mask)

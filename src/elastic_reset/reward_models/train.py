@@ -21,6 +21,7 @@ from elastic_reset.reward_models.calibration import calibration
 from elastic_reset.reward_models.data import DATASETS, PreferencePair
 from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
 from elastic_reset.reward_models.model import PairwiseRewardModel
+from elastic_reset.reward_models.packing import encode_shared_prompts, pack
 
 
 @contextmanager
@@ -35,24 +36,36 @@ def truncating_left(tokenizer) -> Iterator:
         tokenizer.truncation_side = side
 
 
-def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int) -> list[dict]:
-    """Token ids of prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens``."""
+def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int, share_prompt: bool = False) -> list[dict]:
+    """Token ids of each pair, with its ``length`` (the tokens a batch pads it to).
+
+    ``share_prompt`` (a causal model, :attr:`PairwiseRewardModel.shares_prompt`): the prompt once and the two
+    responses, packed into one row by the collator (:mod:`~elastic_reset.reward_models.packing`). Otherwise
+    prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens``."""
+    if share_prompt:
+        encoded = encode_shared_prompts(tokenizer, [p.prompt for p in pairs], [[p.chosen, p.rejected] for p in pairs],
+                                        max_tokens)
+        return [{"prompt": x, "responses": ys, "length": len(x) + sum(map(len, ys))} for x, ys in encoded]
     with truncating_left(tokenizer):
         def ids(texts):
             return tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
         chosen = ids([p.prompt + p.chosen for p in pairs])
         rejected = ids([p.prompt + p.rejected for p in pairs])
         prompts = ids([p.prompt for p in pairs])
-    return [{"chosen": c, "rejected": r, "prompt": x} for c, r, x in zip(chosen, rejected, prompts)]
+    return [{"chosen": c, "rejected": r, "prompt": x, "length": max(len(c), len(r))}
+            for c, r, x in zip(chosen, rejected, prompts)]
 
 
 @dataclass
 class PairCollator:
-    """Pads the three sequences of each pair (right padding; the model pools the last real token either way)."""
+    """Packs each pair's prompt and responses into one row (features of ``encode_pairs(..., share_prompt=True)``),
+    or pads the three sequences of each pair (right padding; the model pools the last real token either way)."""
 
     pad_token_id: int
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if "responses" in features[0]:
+            return pack([f["prompt"] for f in features], [f["responses"] for f in features], self.pad_token_id)
         # Chosen and rejected in one batch: one forward for both.
         pair_ids, pair_mask = right_pad([f["chosen"] for f in features] + [f["rejected"] for f in features],
                                         self.pad_token_id)
@@ -62,6 +75,13 @@ class PairCollator:
 
 def pair_scores(model: PairwiseRewardModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(score of chosen, score of rejected): rewards, or advantages for the Advantage Model."""
+    if "packed_ids" in batch:
+        rewards, expected = model.packed_scores(batch["packed_ids"], batch["packed_positions"], batch["packed_mask"],
+                                                batch["packed_ends"])
+        chosen, rejected = rewards.unbind(1)
+        if expected is not None:
+            chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
+        return chosen, rejected
     rewards = model.reward(batch["pair_ids"], batch["pair_mask"])
     chosen, rejected = rewards.chunk(2)
     if model.is_advantage_model:
@@ -86,13 +106,12 @@ class PairwiseTrainer(Trainer):
         return (loss, {"chosen": chosen, "rejected": rejected}) if return_outputs else loss
 
     def _get_train_sampler(self, train_dataset=None):
-        # transformers infers lengths from an "input_ids" field our pairs do not have; a pair's cost is its
-        # longer sequence, which the collator pads the batch to.
+        # transformers infers lengths from an "input_ids" field our pairs do not have.
         if self.args.train_sampling_strategy != "group_by_length":
             return super()._get_train_sampler(train_dataset)
         dataset = self.train_dataset if train_dataset is None else train_dataset
         return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                    lengths=[max(len(f["chosen"]), len(f["rejected"])) for f in dataset])
+                                    lengths=[f["length"] for f in dataset])
 
 
 @torch.no_grad()
@@ -103,10 +122,10 @@ def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokeniz
     was_training = model.training
     model.eval()
     collate = PairCollator(tokenizer.pad_token_id)
-    encoded = encode_pairs(pairs, tokenizer, max_tokens)
+    encoded = encode_pairs(pairs, tokenizer, max_tokens, share_prompt=model.shares_prompt)
     # Scored longest first, so that a batch pads to about its own length (the HH-RLHF + Stack Exchange test split at
     # 256 tokens: 1.12x the real tokens, 1.54x in file order); the scores go back to their pairs' places.
-    order = sorted(range(len(encoded)), key=lambda i: -max(len(encoded[i]["chosen"]), len(encoded[i]["rejected"])))
+    order = sorted(range(len(encoded)), key=lambda i: -encoded[i]["length"])
     device = next(model.parameters()).device
     chosen, rejected = np.empty(len(encoded)), np.empty(len(encoded))
     try:
