@@ -11,6 +11,9 @@ so the spread is also given in units of the standard deviation of all its test s
 it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs calibration and discrimination together.
 
     .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
+
+Every finished model's settings and metrics are kept (copied) in ``<out>/runs/``, and the table is made from those
+with the grid's: a grid run one model per machine or session (whose ``runs/`` is gone by the next) adds up.
 """
 
 from __future__ import annotations
@@ -50,6 +53,29 @@ def pooled_std(categories: dict) -> float:
     return math.sqrt(sum(c["responses"] * (c["std"] ** 2 + (c["mean"] - mean) ** 2) for c in categories.values()) / n)
 
 
+def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None]]:
+    """``{name: (settings, evaluation or None)}`` of every finished model: those in ``grid`` (each copied into
+    ``kept``, weights left out), and those of earlier runs kept there whose folders are gone (a grid run across
+    machines or sessions, one model at a time). A model in ``grid`` replaces its kept copy."""
+    models = {}
+    for settings_file in sorted(kept.glob("*.json")):
+        if not settings_file.name.endswith(".evaluation.json"):
+            evaluation = kept / f"{settings_file.stem}.evaluation.json"
+            models[settings_file.stem] = (json.loads(settings_file.read_text()),
+                                          json.loads(evaluation.read_text()) if evaluation.is_file() else None)
+    for settings_file in sorted(grid.glob("*/reward_model.json")):
+        name, evaluation = settings_file.parent.name, settings_file.parent / "evaluation.json"
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copy(settings_file, kept / f"{name}.json")
+        if evaluation.is_file():
+            shutil.copy(evaluation, kept / f"{name}.evaluation.json")
+        else:  # an older copy's evaluation would be read with this model's settings
+            (kept / f"{name}.evaluation.json").unlink(missing_ok=True)
+        models[name] = (json.loads(settings_file.read_text()),
+                        json.loads(evaluation.read_text()) if evaluation.is_file() else None)
+    return dict(sorted(models.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid")
@@ -57,19 +83,13 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for settings_file in sorted(Path(args.grid).glob("*/reward_model.json")):
-        settings = json.loads(settings_file.read_text())
+    for settings, evaluation in finished_models(Path(args.grid), out / "runs").values():
         config, metrics = settings["config"], settings["metrics"]
-        evaluation = settings_file.parent / "evaluation.json"
-        if evaluation.is_file():
-            metrics = {**metrics, "test": json.loads(evaluation.read_text())["test"]}
+        if evaluation is not None:
+            metrics = {**metrics, "test": evaluation["test"]}
         runs[(config["backbone"], "AM" if config["advantage"] else "RM")].append(metrics)
-        (out / "runs").mkdir(parents=True, exist_ok=True)
-        shutil.copy(settings_file, out / "runs" / f"{settings_file.parent.name}.json")
-        if evaluation.is_file():
-            shutil.copy(evaluation, out / "runs" / f"{settings_file.parent.name}.evaluation.json")
     if not runs:
-        raise SystemExit(f"{args.grid}: no finished reward models")
+        raise SystemExit(f"{args.grid}: no finished reward models (and none kept in {out / 'runs'})")
     lines = ["| backbone | model | seeds | test accuracy | ECE | log loss | confidence | HH-RLHF accuracy "
              "| HH-RLHF ECE | HH-RLHF log loss | Stack Exchange accuracy | category spread | spread / std "
              "| train time (s) | score mean ± std per category |",
