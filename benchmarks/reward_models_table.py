@@ -57,12 +57,6 @@ def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None
     """``{name: (settings, evaluation or None)}`` of every finished model: those in ``grid`` (each copied into
     ``kept``, weights left out), and those of earlier runs kept there whose folders are gone (a grid run across
     machines or sessions, one model at a time). A model in ``grid`` replaces its kept copy."""
-    models = {}
-    for settings_file in sorted(kept.glob("*.json")):
-        if not settings_file.name.endswith(".evaluation.json"):
-            evaluation = kept / f"{settings_file.stem}.evaluation.json"
-            models[settings_file.stem] = (json.loads(settings_file.read_text()),
-                                          json.loads(evaluation.read_text()) if evaluation.is_file() else None)
     for settings_file in sorted(grid.glob("*/reward_model.json")):
         name, evaluation = settings_file.parent.name, settings_file.parent / "evaluation.json"
         kept.mkdir(parents=True, exist_ok=True)
@@ -71,8 +65,12 @@ def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None
             shutil.copy(evaluation, kept / f"{name}.evaluation.json")
         else:  # an older copy's evaluation would be read with this model's settings
             (kept / f"{name}.evaluation.json").unlink(missing_ok=True)
-        models[name] = (json.loads(settings_file.read_text()),
-                        json.loads(evaluation.read_text()) if evaluation.is_file() else None)
+    models = {}
+    for settings_file in kept.glob("*.json"):
+        if not settings_file.name.endswith(".evaluation.json"):
+            evaluation = kept / f"{settings_file.stem}.evaluation.json"
+            models[settings_file.stem] = (json.loads(settings_file.read_text()),
+                                          json.loads(evaluation.read_text()) if evaluation.is_file() else None)
     return dict(sorted(models.items()))
 
 

@@ -79,13 +79,10 @@ def pair_scores(model: PairwiseRewardModel, batch: dict[str, torch.Tensor]) -> t
         rewards, expected = model.packed_scores(batch["packed_ids"], batch["packed_positions"], batch["packed_mask"],
                                                 batch["packed_ends"])
         chosen, rejected = rewards.unbind(1)
-        if expected is not None:
-            chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
-        return chosen, rejected
-    rewards = model.reward(batch["pair_ids"], batch["pair_mask"])
-    chosen, rejected = rewards.chunk(2)
-    if model.is_advantage_model:
-        expected = model.expected(batch["prompt_ids"], batch["prompt_mask"])
+    else:
+        chosen, rejected = model.reward(batch["pair_ids"], batch["pair_mask"]).chunk(2)
+        expected = model.expected(batch["prompt_ids"], batch["prompt_mask"]) if model.is_advantage_model else None
+    if expected is not None:
         chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
     return chosen, rejected
 
