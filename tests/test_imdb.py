@@ -53,7 +53,7 @@ def independent_reviews(data_dir: Path, split: str) -> list[tuple[str, int]]:
     with gzip.open(data_dir / "imdb" / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
-            rows.append((re.sub(r"\s+", " ", row["text"].replace("<br />", " ")).strip(), row["label"]))
+            rows.append((" ".join(row["text"].replace("<br />", " ").split()), row["label"]))
     return rows
 
 

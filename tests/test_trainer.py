@@ -261,9 +261,12 @@ def _cli(*args, env=None):
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    overrides = ["--set", "steps=6", "--set", "checkpoint_every=2", "--set", "eval.every=3"]
+    # One thread each, so the uninterrupted run goes on beside the one that is killed (2 cores, not 2x the time).
+    overrides = ["--set", "steps=6", "--set", "checkpoint_every=2", "--set", "eval.every=3", "--set", "threads=1"]
     full = tmp_path / "full"
-    subprocess.run(_cli("train", TINY, "--out", full, *overrides), check=True, capture_output=True)
+    with open(tmp_path / "full.log", "w") as log:
+        uninterrupted = subprocess.Popen(_cli("train", TINY, "--out", full, *overrides),
+                                         stdout=subprocess.DEVNULL, stderr=log)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cli("train", TINY, "--out", killed, *overrides),
@@ -277,6 +280,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert proc.poll() is None, "the run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()
     subprocess.run(_cli("train", TINY, "--out", killed, "--resume", *overrides), check=True, capture_output=True)
     assert without_times(read_metrics(killed / "metrics.jsonl")) == without_times(read_metrics(full / "metrics.jsonl"))
 

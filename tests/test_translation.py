@@ -263,7 +263,9 @@ def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_pa
         return [sys.executable, "-m", "elastic_reset.cli", "train", str(path), "--out", str(out), *sets, *extra]
 
     env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    subprocess.run(cli(tmp_path / "full"), check=True, capture_output=True, env=env)
+    # The uninterrupted run goes on beside the one that is killed (one thread each, 2 cores).
+    with open(tmp_path / "full.log", "w") as log:
+        uninterrupted = subprocess.Popen(cli(tmp_path / "full"), stdout=subprocess.DEVNULL, stderr=log, env=env)
     proc = subprocess.Popen(cli(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 300
@@ -274,6 +276,7 @@ def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_pa
     assert proc.poll() is None, "the run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()
     subprocess.run(cli(tmp_path / "killed", "--resume"), check=True, capture_output=True, env=env)
 
     def strip(records):
