@@ -171,6 +171,28 @@ def test_lora_policy_trains_only_adapters(tmp_path):
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
 
 
+def test_the_seed_alone_decides_lora_and_value_head_initialisation(tmp_path):
+    # A model loaded with from_pretrained (SmolLM2's path too) does not seed itself, and torch seeds its global
+    # generator at random in every process: the run's seed has to decide the adapters' and the value head's init.
+    from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+
+    folder = tmp_path / "model"
+    tiny_causal_lm().save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+
+    def initial(seed: int, global_seed: int):
+        torch.manual_seed(global_seed)  # what the process happened to start with
+        config = tiny_config(f"seed={seed}", model={"name": str(folder), "lora": {"r": 4, "alpha": 8}})
+        trainer = RLTrainer(config, tmp_path / f"run{seed}-{global_seed}")
+        return {**trainable(trainer), **{f"v.{n}": p for n, p in trainer.value_head.named_parameters()}}
+
+    first, again, other = initial(0, 1), initial(0, 2), initial(1, 1)
+    assert first.keys() == again.keys() and any("lora_A" in n for n in first)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert not torch.equal(first["v.summary.weight"], other["v.summary.weight"])
+    assert not all(torch.equal(first[n], other[n]) for n in first if "lora_A" in n)
+
+
 @pytest.mark.parametrize("lora", [True, False])
 def test_frozen_weights_cast_once_for_the_run_change_no_number(tmp_path, monkeypatch, lora):
     sections = dict(model={"autocast": "bf16", **({"lora": {"r": 4, "alpha": 8}} if lora else {})},

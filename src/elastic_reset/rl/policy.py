@@ -55,6 +55,10 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     (``precast_weights``), and the sampler packs them for oneDNN (``lm.cpu_bf16.packed_linears``)."""
     from elastic_reset import models
 
+    # The run's seed decides every random initialisation made here or from here on in the trainer (LoRA's A
+    # matrices, PPO's value head): torch seeds its global generator at random in each process, so without this two
+    # runs of one config started from different adapters. (The tiny models seed themselves with the same value.)
+    torch.manual_seed(seed)
     if config.name in ("tiny-llama", "tiny-gpt2"):
         model = models.tiny_causal_lm(config.name.split("-", 1)[1], hidden=config.tiny_hidden,
                                       layers=config.tiny_layers, seed=seed)
