@@ -745,7 +745,8 @@ class RLTrainer:
                 self._log(record)
                 written.append(record)
                 bar.update(1)
-                bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record.get('kl', float('nan')):.3f}")
+                bar.set_postfix(reward=f"{record['reward']:.3f}",  # kl only on the iterations that compute it
+                                **({"kl": f"{record['kl']:.3f}"} if "kl" in record else {}))
                 if self._eval_due(self.step):
                     evaluate()
                 every = self.config.checkpoint_every
