@@ -248,7 +248,7 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int, device: str = "cp
                     "generation_kwargs": args.generation_kwargs,
                     "model_dtype": str(next(trainer.model.parameters()).dtype),
                     "autocast_on_in": {k: sorted(v) for k, v in autocast_seen.items()}}
-        del trainer
+        trainer = None  # breaks the trainer <-> callback-closure cycle (closures read it, so no `del`)
     del model
     gc.collect()
     return summarize("TRL GRPO", records, warmup, precision="bf16" if bf16 else "fp32",
@@ -296,7 +296,7 @@ def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int, devic
             records.append({"total": total, **{p: record[f"time/{p}"] for p in PARTS},
                             "completion_length": record["response_length"], "threads": torch.get_num_threads()})
         trainer.metrics.close()
-        del trainer
+        trainer = None  # closures read it, so no `del`
     gc.collect()
     shape = (f"{COMPLETIONS} prompts x 1, 1 epoch, 1 minibatch of {COMPLETIONS}" if algo == "ppo"
              else f"{TRL_PROMPTS} prompts x {TRL_GENERATIONS} samples, 1 minibatch of {COMPLETIONS}")

@@ -137,7 +137,7 @@ def run_trl(args) -> dict:
         trainer.train()
         settings = {k: str(getattr(config, k)) for k in ("loss_type", "scale_rewards", "beta", "learning_rate",
                                                           "lr_scheduler_type", "max_grad_norm", "epsilon")}
-        del trainer
+        trainer = None  # breaks the trainer <-> callback-closure cycle (closures read it, so no `del`)
     del model
     gc.collect()
     return {"row": "TRL GRPO", "config": settings, "points": points}
@@ -181,7 +181,7 @@ def run_ours(args, algo: str) -> dict:
                 print(f"#   ours {algo} step {step}: held-out {points[-1]['reward']:.3f} at {wall:.0f} s", flush=True)
         trainer.close()
         trainer.metrics.close()
-        del trainer
+        trainer = None  # closures read it, so no `del`
     gc.collect()
     return {"row": f"ours {algo.upper()}", "config": {"algo": resolved.algo.__dict__}, "points": points}
 

@@ -40,7 +40,8 @@ def _imports(path: Path) -> set[str]:
             found.add(base)
             found.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(a.name.removeprefix("elastic_reset.") for a in node.names if a.name.startswith("elastic_reset."))
+            found.update(a.name.removeprefix("elastic_reset.") for a in node.names
+                         if a.name.startswith("elastic_reset."))
     return found
 
 

@@ -33,7 +33,8 @@ def run_demo(out: str | Path = "demo_out", steps: int | None = None, model: str 
         overrides += [f"steps={steps}", f"method.reset_every={max(1, steps // 3)}", f"eval.every={max(1, steps // 6)}"]
     if model.startswith("tiny"):
         overrides += ["model.lora=null", "algo.lr=3e-4"]
-    command = ["elastic-reset", "demo", "--out", str(out), "--model", model] + (["--steps", str(steps)] if steps else [])
+    command = ["elastic-reset", "demo", "--out", str(out), "--model", model]
+    command += ["--steps", str(steps)] if steps else []
     summary = run_grid(CONFIG, out, METHODS, 1, overrides, command=command)
     results = {name: read_metrics(out / name / "seed0" / "metrics.jsonl") for name in METHODS}
     _print_table(results)

@@ -54,7 +54,8 @@ PROMPTS = [
 ]
 
 REFERENCE_TEXTS = [
-    "The film opens on a small fishing town where nothing much ever happens, and it takes its time before the story begins.",
+    "The film opens on a small fishing town where nothing much ever happens, and it takes its time before the story "
+    "begins.",
     "I thought the performances were uneven: the lead was convincing, but the supporting cast seemed lost.",
     "It is a long movie, almost three hours, and the second half drags in a way the first half never does.",
     "The music was composed by a newcomer, and it fits the slow, grey mood of the picture very well.",
