@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -357,8 +358,14 @@ def test_an_interrupted_training_resumes_to_the_same_model(tmp_path, group_by_le
         def on_step_end(self, args, state, control, **kwargs):
             Count.steps += 1
 
+    # The training time counts on from the checkpoint's (made large here, to tell it from the resumed part's).
+    clock = tmp_path / "cut.checkpoints" / "checkpoint-10" / "training_seconds.json"
+    assert 0 < json.loads(clock.read_text())["seconds"] < full["train_seconds"]
+    clock.write_text(json.dumps({"seconds": 1000.0}))
+    t0 = time.perf_counter()
     resumed = train_reward_model(config, tmp_path / "cut", resume=True, progress=False, log=lambda _: None,
                                  callbacks=[Count()])
+    assert 1000 < resumed["train_seconds"] < 1000 + time.perf_counter() - t0
     assert Count.steps == math.ceil(full["train_pairs"] / 8) - 10  # continued from the checkpoint at step 10
     assert resumed["train_loss"][-1] == pytest.approx(full["train_loss"][-1], rel=1e-5)
     assert resumed["test"]["accuracy"] == full["test"]["accuracy"]

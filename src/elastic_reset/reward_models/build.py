@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -154,8 +153,15 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
     """Train, evaluate on val and test, and write ``out`` atomically; checkpoints go to ``out``'s sibling
     ``<name>.checkpoints`` (kept until the model is written). Returns the metrics."""
     from transformers import TrainingArguments
+    from transformers.trainer_utils import get_last_checkpoint
 
-    from elastic_reset.reward_models.train import PairCollator, PairwiseTrainer, encode_pairs, evaluate_pairs
+    from elastic_reset.reward_models.train import (
+        PairCollator,
+        PairwiseTrainer,
+        TrainingClock,
+        encode_pairs,
+        evaluate_pairs,
+    )
 
     config.validate()
     out = Path(out)
@@ -183,10 +189,11 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
                               train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
                                                          share_prompt=model.shares_prompt),
                               data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume and any(checkpoints.glob("checkpoint-*")))
-    seconds = time.perf_counter() - t0
-    metrics = {"train_seconds": seconds, "train_pairs": len(parts["train"]),
+    start = get_last_checkpoint(str(checkpoints)) if resume and checkpoints.is_dir() else None
+    clock = TrainingClock(start)
+    trainer.add_callback(clock)
+    trainer.train(resume_from_checkpoint=start)
+    metrics = {"train_seconds": clock.seconds(), "train_pairs": len(parts["train"]),
                "train_loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}
     for split in ("val", "test"):
         metrics[split] = evaluate_pairs(model, parts[split], tokenizer, config.max_tokens)

@@ -7,15 +7,19 @@ bounding loss. One ``Trainer`` subclass trains both, so RM and AM differ only in
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from elastic_reset.io import atomic_write_text
 from elastic_reset.lm.scoring import right_pad
 from elastic_reset.reward_models.calibration import calibration
 from elastic_reset.reward_models.data import DATASETS, PreferencePair
@@ -109,6 +113,32 @@ class PairwiseTrainer(Trainer):
         dataset = self.train_dataset if train_dataset is None else train_dataset
         return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
                                     lengths=[f["length"] for f in dataset])
+
+
+class TrainingClock(TrainerCallback):
+    """The seconds a training took, over every process of a resumed run: each checkpoint keeps the seconds up to it
+    in ``training_seconds.json``, and a resumed run counts on from the one it starts from. What ran after the last
+    checkpoint of an interrupted process is done again, so it is not counted. (The Trainer's own ``train_runtime``
+    is the last process's alone: a SmolLM2 reward model on 2 CPU cores takes several processes.)"""
+
+    FILE = "training_seconds.json"
+
+    def __init__(self, checkpoint: str | Path | None = None):
+        path = None if checkpoint is None else Path(checkpoint) / self.FILE
+        # A checkpoint written before this clock existed has no file: its time is unknown, so it counts as 0.
+        self.before = json.loads(path.read_text())["seconds"] if path is not None and path.is_file() else 0.0
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            atomic_write_text(folder / self.FILE, json.dumps({"seconds": self.seconds()}) + "\n")
 
 
 @torch.no_grad()
