@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import random
+import re
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from elastic_reset.errors import DataFileError
-from elastic_reset.reward_models.calibration import calibration
+from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
 from elastic_reset.reward_models.data import (
     PreferencePair,
     html_to_text,
@@ -88,10 +89,34 @@ def test_pair_metrics_per_category_and_per_preference_set():
     assert m["categories"]["beer"]["accuracy"] == 0.0
     # HH-RLHF = helpful + harmless (margins 1, -1, 2); beer alone stands for Stack Exchange; "mine" is in no set.
     hh = calibration([1.0, -1.0, 2.0])
-    assert m["datasets"]["hh-rlhf"] == {"pairs": 3, "accuracy": pytest.approx(2 / 3), "ece": pytest.approx(hh.ece),
+    assert m["datasets"]["hh-rlhf"] == {"pairs": 3, "prompts": 1, "accuracy": pytest.approx(2 / 3),
+                                        "accuracy_se": None, "ece": pytest.approx(hh.ece),
                                         "log_loss": pytest.approx(hh.log_loss),
                                         "confidence": pytest.approx(hh.confidence)}
     assert m["datasets"]["stack-exchange"]["pairs"] == 1 and set(m["datasets"]) == {"hh-rlhf", "stack-exchange"}
+
+
+def test_clustered_accuracy_se_of_a_hand_made_case():
+    # Right four times on question a, wrong on b and on c: accuracy 2/3, per-question sums of (right − 2/3):
+    # 4/3, −2/3, −2/3; √(3/2 · 24/9) / 6 = 1/3, against √(p(1 − p)/n) = 0.19 were the pairs independent.
+    margins, prompts = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0], ["a", "a", "a", "a", "b", "c"]
+    assert clustered_accuracy_se(margins, prompts) == pytest.approx(1 / 3)
+    # One pair a prompt: the standard error of a mean, √(Σ (x − x̄)² / (n − 1)) / √n.
+    right = np.array([1, 1, 1, 1, 0, 0.0])
+    assert clustered_accuracy_se(margins, list("abcdef")) == pytest.approx(right.std(ddof=1) / math.sqrt(6))
+    assert clustered_accuracy_se([1.0, -1.0], ["a", "a"]) is None
+    with pytest.raises(ValueError, match="prompts"):
+        clustered_accuracy_se([1.0], ["a", "b"])
+
+
+def test_pair_metrics_count_prompts_and_their_error():
+    from elastic_reset.reward_models.train import pair_metrics
+
+    pairs = [PreferencePair(q, "c", "r", "beer") for q in "aaaabc"]
+    m = pair_metrics(pairs, np.array([1.0, 1, 1, 1, -1, -1]), np.zeros(6))
+    beer = m["categories"]["beer"]
+    assert (m["prompts"], beer["prompts"], m["datasets"]["stack-exchange"]["prompts"]) == (3, 3, 3)
+    assert m["accuracy_se"] == beer["accuracy_se"] == pytest.approx(1 / 3)
 
 
 def test_calibration_counts_a_tie_as_half_and_refuses_nan():
@@ -386,6 +411,7 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     assert config["save_steps"] == 7 and config["group_by_length"] is True
     # Scored again on its own test split: the numbers it was trained with, now per category too.
     assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 0
+    assert re.search(r"all \d\.\d{3} ± \d\.\d{3} /", capsys.readouterr().out)  # accuracy ± its error over prompts
     trained = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["metrics"]["test"]
     again = json.loads((tmp_path / "rm" / "evaluation.json").read_text())["test"]
     assert again["accuracy"] == trained["accuracy"] and set(again["categories"]) == {"odd", "even"}

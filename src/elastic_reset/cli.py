@@ -175,7 +175,7 @@ def _reward_model_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else cache_dir() / "reward-models" / name
     metrics = train_reward_model(config, out, resume=args.resume)
     print(f"reward model written to {out} in {metrics['train_seconds']:.0f} s; test accuracy "
-          f"{metrics['test']['accuracy']:.3f}, ECE {metrics['test']['ece']:.3f}")
+          f"{_accuracy(metrics['test'])}, ECE {metrics['test']['ece']:.3f}")
     return 0
 
 
@@ -184,11 +184,17 @@ def _reward_model_evaluate(args: argparse.Namespace) -> int:
 
     results = evaluate_reward_model(args.path, tuple(args.split or ["test"]), args.data_dir, force=args.force)
     for split, metrics in results.items():
-        parts = [f"all {metrics['accuracy']:.3f} / {metrics['ece']:.3f}"]
-        parts += [f"{name} {m['accuracy']:.3f} / {m['ece']:.3f}" for name, m in metrics["datasets"].items()]
+        subsets = [("all", metrics), *metrics["datasets"].items()]
+        parts = [f"{name} {_accuracy(m)} / {m['ece']:.3f}" for name, m in subsets]
         print(f"{split} ({metrics['pairs']} pairs), accuracy / ECE: {', '.join(parts)}")
     print(f"written to {args.path}/{EVALUATION}")
     return 0
+
+
+def _accuracy(metrics: dict) -> str:
+    """``0.510 ± 0.021`` (standard error over prompts), or the accuracy alone for metrics that predate it."""
+    se = metrics.get("accuracy_se")
+    return f"{metrics['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}")
 
 
 def _positive_int(text: str) -> int:

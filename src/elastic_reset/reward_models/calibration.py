@@ -51,3 +51,22 @@ def calibration(margins, bins: int = 10) -> Calibration:
     log_loss = float(np.mean(np.logaddexp(0.0, -margins)))  # −log σ(Δ) without overflow
     confidence = float(np.mean(np.maximum(p, 1.0 - p)))
     return Calibration(accuracy, ece, log_loss, confidence, conf, hits, count)
+
+
+def clustered_accuracy_se(margins, prompts) -> float | None:
+    """Standard error of the accuracy when pairs that share a prompt are not independent (the cluster-robust
+    "sandwich" estimate, with the G / (G − 1) correction for G prompts): √(G / (G − 1) · Σ_g s_g²) / n, where s_g
+    sums (right_i − accuracy) over the pairs of prompt g. The Stack Exchange pairs are every pair of answers to a
+    question, so a test split's accuracy can rest on a few questions with dozens of pairs each; the binomial
+    √(p (1 − p) / n) then understates the error. With one pair per prompt (HH-RLHF) it is the usual standard error
+    of a mean. None for fewer than two prompts."""
+    margins = np.asarray(margins, dtype=np.float64).ravel()
+    if len(prompts) != margins.size:
+        raise ValueError(f"prompts: expected one per margin ({margins.size}), got {len(prompts)}")
+    right = (margins > 0) + 0.5 * (margins == 0)
+    _, group = np.unique(np.asarray(prompts, dtype=object).astype(str), return_inverse=True)
+    clusters = int(group.max()) + 1 if group.size else 0
+    if clusters < 2:
+        return None
+    sums = np.bincount(group, weights=right - right.mean())
+    return float(np.sqrt(clusters / (clusters - 1) * np.sum(sums ** 2)) / margins.size)

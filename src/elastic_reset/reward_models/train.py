@@ -21,7 +21,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from elastic_reset.io import atomic_write_text
 from elastic_reset.lm.scoring import right_pad
-from elastic_reset.reward_models.calibration import calibration
+from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
 from elastic_reset.reward_models.data import DATASETS, PreferencePair
 from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
 from elastic_reset.reward_models.model import PairwiseRewardModel
@@ -167,19 +167,22 @@ def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokeniz
 
 
 def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
-    """Accuracy, ECE, log loss, mean confidence and the reliability bins of σ(score_c − score_r) over all pairs; per
-    category the same plus the mean and standard deviation of the scores of all its responses (Peng et al. Fig.
-    1 and 4: comparable score distributions across tasks); per named preference set present (``hh-rlhf``,
-    ``stack-exchange``) the same four numbers (their Table 1 reports HH-RLHF alone)."""
+    """Accuracy (with its standard error over prompts, :func:`clustered_accuracy_se`), ECE, log loss, mean
+    confidence and the reliability bins of σ(score_c − score_r) over all pairs; per category the same plus the mean
+    and standard deviation of the scores of all its responses (Peng et al. Fig. 1 and 4: comparable score
+    distributions across tasks); per named preference set present (``hh-rlhf``, ``stack-exchange``) the same
+    numbers (their Table 1 reports HH-RLHF alone)."""
     margins = chosen - rejected
     categories = np.asarray([p.category for p in pairs])
+    prompts = np.asarray([p.prompt for p in pairs], dtype=object)
 
-    def numbers(cal, pairs: int) -> dict:  # one list of the reported numbers, for every subset alike
-        return {"pairs": pairs, "accuracy": cal.accuracy, "ece": cal.ece, "log_loss": cal.log_loss,
-                "confidence": cal.confidence}
+    def numbers(cal, where) -> dict:  # one list of the reported numbers, for every subset alike
+        return {"pairs": int(np.sum(where)), "prompts": len(set(prompts[where].tolist())), "accuracy": cal.accuracy,
+                "accuracy_se": clustered_accuracy_se(margins[where], prompts[where]), "ece": cal.ece,
+                "log_loss": cal.log_loss, "confidence": cal.confidence}
 
     def summary(where) -> dict:
-        return numbers(calibration(margins[where]), int(np.sum(where)))
+        return numbers(calibration(margins[where]), where)
 
     everything = calibration(margins)
     per_category = {}
@@ -190,7 +193,7 @@ def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.n
                              **summary(where)}
     members = {name: np.isin(categories, cats) for name, cats in DATASETS.items()}
     datasets = {name: summary(where) for name, where in members.items() if where.any()}
-    return {**numbers(everything, len(pairs)), "categories": per_category, "datasets": datasets,
+    return {**numbers(everything, np.ones(len(pairs), dtype=bool)), "categories": per_category, "datasets": datasets,
             "bins": {"confidence": everything.bin_confidence.tolist(), "accuracy": everything.bin_accuracy.tolist(),
                      "count": everything.bin_count.tolist()}}
 
