@@ -367,3 +367,23 @@ def test_bleu_drift_is_higher_is_better_and_test_scores_are_tabled(tmp_path):
     assert "test task_bleu" in format_table(summary)
     with pytest.raises(ReportError, match="score"):
         load_run(tmp_path / "s0", score="bleu")
+
+
+def test_a_run_is_reported_by_its_task_score_and_drift_unless_told_otherwise(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "method": {"name": "none"}}))
+    record = {"step": 0, "eval/reward": -1.0, "eval/perplexity": 50.0, "eval/task_bleu": 12.0,
+              "eval/drift_bleu": 30.0}
+    (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert (load_run(run_dir).score, load_run(run_dir).drifts.tolist()) == ("reward", [50.0])  # no task.json
+    (run_dir / "task.json").write_text(json.dumps({"name": "translation_game", "score": "task_bleu",
+                                                   "drift": "drift_bleu"}))
+    run = load_run(run_dir)
+    assert (run.score, run.rewards.tolist(), run.drift, run.drifts.tolist()) == ("task_bleu", [12.0],
+                                                                                "drift_bleu", [30.0])
+    told = load_run(run_dir, score="reward", drift="perplexity")
+    assert (told.rewards.tolist(), told.drifts.tolist()) == ([-1.0], [50.0])
+    (run_dir / "task.json").write_text('{"name": "translation_game"}')
+    with pytest.raises(ReportError, match="task.json.*score"):
+        load_run(run_dir)

@@ -388,6 +388,8 @@ def test_metrics_are_json_lines_with_step(tmp_path):
     assert all("step" in r for r in records)
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["method"]["name"] == "elastic_reset"
+    assert json.loads((tmp_path / "task.json").read_text()) == {"name": "letter_frequency", "score": "reward",
+                                                                  "drift": "perplexity"}
     assert os.path.exists(tmp_path / "checkpoints" / "latest")
 
 

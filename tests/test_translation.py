@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from elastic_reset.evaluation.runs import load_run
 from elastic_reset.io import read_metrics
 from elastic_reset.pretrain.translation import (
     AgentConfig,
@@ -286,6 +287,9 @@ def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_pa
     assert strip(resumed) == strip(full)
     losses = [r["reward_model/loss"] for r in full if "reward_model/loss" in r]
     assert len(losses) == 6 and len(set(losses)) == 6  # the listener trained at every iteration
+    # A report on the game's runs needs no --score/--drift: the run says its task is scored in BLEU.
+    run = load_run(tmp_path / "full")
+    assert (run.score, run.drift) == ("task_bleu", "drift_bleu") and run.rewards.size == 3
 
 
 def test_reinforce_raises_a_reward_through_the_encoder_decoder_speaker(agents, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
                   [--score reward|task_bleu]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
+                  (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset demo [--out DIR] [--steps N]
     elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
@@ -47,7 +48,9 @@ def _compare(args: argparse.Namespace) -> int:
     # The command as parsed, in canonical form: rerunning it continues (or reproduces) this grid.
     command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
                ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
-               "--seeds", str(args.seeds), "--drift", args.drift, "--score", args.score]
+               "--seeds", str(args.seeds)]
+    for flag, value in (("--drift", args.drift), ("--score", args.score)):
+        command += [flag, value] if value is not None else []
     for item in args.set or []:
         command += ["--set", item]
     for item in args.method_set or []:
@@ -231,10 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",
                          help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
                               "(repeatable)")
-    compare.add_argument("--drift", choices=tuple(DRIFTS), default="perplexity",
-                         help="drift metric of the report (default perplexity; the Translation Game: drift_bleu)")
-    compare.add_argument("--score", choices=tuple(SCORES), default="reward",
-                         help="task score of the report (default reward; the Translation Game: task_bleu)")
+    compare.add_argument("--drift", choices=tuple(DRIFTS), default=None,
+                         help="drift metric of the report (default: the task's own, perplexity; the Translation "
+                              "Game: drift_bleu)")
+    compare.add_argument("--score", choices=tuple(SCORES), default=None,
+                         help="task score of the report (default: the task's own, reward; the Translation Game: "
+                              "task_bleu)")
     compare.set_defaults(func=_compare)
 
     pareto = sub.add_parser("pareto", help="Pareto frontier and curves figures, dominance and a final table "
@@ -243,10 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run directories (or directories holding runs, e.g. a compare grid); runs are "
                              "grouped by their config's method.name, or by LABEL given as LABEL=RUN_DIR")
     pareto.add_argument("--out", required=True, help="Pareto figure (PNG); the curves go to <stem>_curves.png")
-    pareto.add_argument("--drift", choices=tuple(DRIFTS), default="perplexity",
-                        help="drift metric on the y axis (default perplexity; the Translation Game: drift_bleu)")
-    pareto.add_argument("--score", choices=tuple(SCORES), default="reward",
-                        help="task score on the x axis (default reward; the Translation Game: task_bleu)")
+    pareto.add_argument("--drift", choices=tuple(DRIFTS), default=None,
+                        help="drift metric on the y axis (default: the runs' task's own, perplexity; the "
+                             "Translation Game: drift_bleu)")
+    pareto.add_argument("--score", choices=tuple(SCORES), default=None,
+                        help="task score on the x axis (default: the runs' task's own, reward; the Translation "
+                             "Game: task_bleu)")
     pareto.set_defaults(func=_pareto)
 
     demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA), ~11 min on a CPU")

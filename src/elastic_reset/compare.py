@@ -202,9 +202,10 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     return "resumed" if resume else "trained"
 
 
-def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity",
-                extra: dict[str, Any] | None = None, score: str = "reward") -> dict[str, Any]:
-    """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary."""
+def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None,
+                extra: dict[str, Any] | None = None, score: str | None = None) -> dict[str, Any]:
+    """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary. ``drift``
+    and ``score`` default to the task's own (:func:`~elastic_reset.evaluation.runs.task_metrics`)."""
     out_dir = Path(out_dir)
     runs = [load_run(cell.run_dir, method=cell.method, drift=drift, score=score) for cell in cells]
     groups = group_runs(runs)
@@ -220,8 +221,8 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str = "perplexity
 
 def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
-             drift: str = "perplexity", command: list[str] | None = None,
-             log: Callable[[str], None] = print, score: str = "reward") -> dict[str, Any] | None:
+             drift: str | None = None, command: list[str] | None = None,
+             log: Callable[[str], None] = print, score: str | None = None) -> dict[str, Any] | None:
     """Train every cell that is not finished, one after the other, then write the report (see module docs).
 
     ``command`` is the command line recorded in summary.json (argv list). Under ``accelerate launch`` every
@@ -229,8 +230,10 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     """
     if not is_main_process():
         log = lambda message: None  # noqa: E731  one progress log, rank 0's
-    drift_metric(drift)  # an unknown drift or score fails before hours of training, not after
-    score_label(score)
+    if drift is not None:  # an unknown drift or score fails before hours of training, not after
+        drift_metric(drift)
+    if score is not None:
+        score_label(score)
     out_dir = Path(out_dir)
     cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """Reading run directories into :class:`Run` objects, the input of :mod:`~elastic_reset.evaluation.summary` and
 :mod:`~elastic_reset.evaluation.figures`.
 
-A *run* is a directory written by :class:`elastic_reset.rl.trainer.RLTrainer`: ``config.yaml`` and
-``metrics.jsonl``. Only its evaluation records (``eval/reward`` with the drift metrics, logged every ``eval.every``
-iterations on held-out prompts and text) enter a frontier: training rewards are noisy, on-policy, and KL-shaped.
+A *run* is a directory written by :class:`elastic_reset.rl.trainer.RLTrainer`: ``config.yaml``,
+``metrics.jsonl`` and ``task.json`` (which score and drift its task is reported by). Only its evaluation
+records (``eval/reward`` with the drift metrics, logged every ``eval.every`` iterations on held-out prompts and
+text) enter a frontier: training rewards are noisy, on-policy, and KL-shaped.
 Runs are grouped by method (:func:`group_runs`); each group's seeds then give a mean ± standard error.
 
 This module only reads: no statistics, no figures.
@@ -11,6 +12,7 @@ This module only reads: no statistics, no figures.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,9 @@ SCORES: dict[str, str] = {
 WEIGHTS = ("auto", "policy", "ema")
 LABEL_FILE = "label"
 """A run directory's optional group name (``compare`` writes its cell label there); default: ``method.name``."""
+TASK_FILE = "task.json"
+"""What the trainer records of a run's task: ``{"name", "score", "drift"}``, the task score and drift metric a
+report shows unless told otherwise (:attr:`elastic_reset.tasks.Task.score_key` and ``drift_key``)."""
 
 
 def drift_metric(drift: str) -> DriftMetric:
@@ -90,8 +95,22 @@ class Run:
     """(score, drift) of the run's final test evaluation (``test/*`` records, tasks with test prompts), if any."""
 
 
-def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "perplexity",
-             weights: str = "auto", score: str = "reward") -> Run:
+def task_metrics(run_dir: str | Path) -> tuple[str, str]:
+    """(score, drift) the run's task reports by (its ``task.json``); ``reward`` and ``perplexity`` for a run
+    written before the trainer recorded them."""
+    path = Path(run_dir) / TASK_FILE
+    if not path.is_file():
+        return "reward", "perplexity"
+    try:
+        task = json.loads(path.read_text())
+        return str(task["score"]), str(task["drift"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ReportError(f"{path}: expected a JSON object with \"score\" and \"drift\" ({e!r}); pass --score and "
+                          "--drift instead") from None
+
+
+def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | None = None,
+             weights: str = "auto", score: str | None = None) -> Run:
     """Read one run directory.
 
     A torn last line of ``metrics.jsonl`` (a run still being written, or killed) is skipped; a bad line anywhere
@@ -102,18 +121,21 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str = "pe
         method: the group name; default: the run's ``label`` file (written by ``compare``), else ``method.name``
             from its ``config.yaml``.
         drift: ``perplexity`` (``eval/perplexity``), ``kl_init`` (``eval/kl_init``) or ``drift_bleu``
-            (``eval/drift_bleu``, the Translation Game's FR→EN BLEU).
+            (``eval/drift_bleu``, the Translation Game's FR→EN BLEU); default: the task's own (:func:`task_metrics`).
         score: the task score, ``reward`` (``eval/reward``) or ``task_bleu`` (the Translation Game's FR→EN→DE
-            BLEU).
+            BLEU); default: the task's own.
         weights: ``policy`` reads ``eval/*``, ``ema`` reads ``eval_ema/*``; ``auto`` reads the EMA's evaluation
             for method ``ema_only`` (that ablation's point is the EMA; its policy is plain KL-penalised RL) and
             the policy's for every other method.
     """
+    run_dir = Path(run_dir)
+    if score is None or drift is None:
+        task_score, task_drift = task_metrics(run_dir)
+        score, drift = score or task_score, drift or task_drift
     metric = drift_metric(drift)
     score_label(score)
     if weights not in WEIGHTS:
         raise ReportError(f"weights: expected one of {', '.join(WEIGHTS)}, got {weights!r}")
-    run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise ReportError(f"{metrics_path}: not found ({run_dir} is not a training run directory)")

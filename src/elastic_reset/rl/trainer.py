@@ -27,6 +27,7 @@ from elastic_reset.errors import (
     RunRecoveryWarning,
 )
 from elastic_reset.evaluation.drift import perplexity, token_nll
+from elastic_reset.evaluation.runs import TASK_FILE
 from elastic_reset.io import MetricsLog, atomic_write_text, remove_stale_temps
 from elastic_reset.lm.cpu_bf16 import (
     precast_weights,
@@ -176,6 +177,10 @@ class RLTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out_dir / "config.yaml",
                           yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+        # Reports read a run's own task score and drift metric from here (BLEU for the Translation Game), so
+        # `elastic-reset pareto` needs no --score/--drift for a task that is not scored by reward and perplexity.
+        atomic_write_text(self.out_dir / TASK_FILE, json.dumps(
+            {"name": self.task.name, "score": self.task.score_key, "drift": self.task.drift_key}) + "\n")
 
     def _check_task_inputs(self) -> None:
         ctx = context_length(self.model)
