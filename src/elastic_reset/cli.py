@@ -207,6 +207,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_report_metrics(parser: argparse.ArgumentParser) -> None:
+    # None: each run's own, from the task.json its trainer wrote (reward and perplexity for runs that have none).
+    parser.add_argument("--drift", choices=tuple(DRIFTS), default=None,
+                        help="drift metric on the y axis (default: the task's own, perplexity; the Translation "
+                             "Game: drift_bleu)")
+    parser.add_argument("--score", choices=tuple(SCORES), default=None,
+                        help="task score on the x axis (default: the task's own, reward; the Translation Game: "
+                             "task_bleu)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-reset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,12 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",
                          help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
                               "(repeatable)")
-    compare.add_argument("--drift", choices=tuple(DRIFTS), default=None,
-                         help="drift metric of the report (default: the task's own, perplexity; the Translation "
-                              "Game: drift_bleu)")
-    compare.add_argument("--score", choices=tuple(SCORES), default=None,
-                         help="task score of the report (default: the task's own, reward; the Translation Game: "
-                              "task_bleu)")
+    _add_report_metrics(compare)
     compare.set_defaults(func=_compare)
 
     pareto = sub.add_parser("pareto", help="Pareto frontier and curves figures, dominance and a final table "
@@ -248,12 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run directories (or directories holding runs, e.g. a compare grid); runs are "
                              "grouped by their config's method.name, or by LABEL given as LABEL=RUN_DIR")
     pareto.add_argument("--out", required=True, help="Pareto figure (PNG); the curves go to <stem>_curves.png")
-    pareto.add_argument("--drift", choices=tuple(DRIFTS), default=None,
-                        help="drift metric on the y axis (default: the runs' task's own, perplexity; the "
-                             "Translation Game: drift_bleu)")
-    pareto.add_argument("--score", choices=tuple(SCORES), default=None,
-                        help="task score on the x axis (default: the runs' task's own, reward; the Translation "
-                             "Game: task_bleu)")
+    _add_report_metrics(pareto)
     pareto.set_defaults(func=_pareto)
 
     demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA), ~11 min on a CPU")
