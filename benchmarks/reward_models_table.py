@@ -9,6 +9,8 @@ so its spread should be the smaller one. A model whose scores are all small has 
 so the spread is also given in units of the standard deviation of all its test scores ("spread / std").
 "Confidence" is the mean max(p, 1 − p): a model that says p ≈ 0.5 for every pair has a small ECE however little
 it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs calibration and discrimination together.
+"± prompts" is the accuracy's standard error over the test split's prompts (cluster-robust: Stack Exchange pairs
+share questions), averaged over seeds: the noise of one test split, which the ± over seeds does not show.
 
     .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
 
@@ -88,10 +90,10 @@ def main() -> None:
         runs[(config["backbone"], "AM" if config["advantage"] else "RM")].append(metrics)
     if not runs:
         raise SystemExit(f"{args.grid}: no finished reward models (and none kept in {out / 'runs'})")
-    lines = ["| backbone | model | seeds | test accuracy | ECE | log loss | confidence | HH-RLHF accuracy "
+    lines = ["| backbone | model | seeds | test accuracy | ± prompts | ECE | log loss | confidence | HH-RLHF accuracy "
              "| HH-RLHF ECE | HH-RLHF log loss | Stack Exchange accuracy | category spread | spread / std "
              "| train time (s) | score mean ± std per category |",
-             "|---" * 15 + "|"]
+             "|---" * 16 + "|"]
     summary = {}
     for (backbone, kind), metrics in sorted(runs.items()):
         tests = [m["test"] for m in metrics]
@@ -101,6 +103,8 @@ def main() -> None:
             f"{sum(t['categories'][c]['std'] for t in tests) / len(tests):.2f}" for c in cats)
         hh, se = ([t.get("datasets", {}).get(name) or {} for t in tests] for name in ("hh-rlhf", "stack-exchange"))
         cells = [column([t.get(key) for t in tests]) for key in ("accuracy", "ece", "log_loss", "confidence")]
+        se_prompts = [t.get("accuracy_se") for t in tests]
+        cells.insert(1, "–" if None in se_prompts else f"{sum(se_prompts) / len(se_prompts):.3f}")
         cells += [column([h.get(key) for h in hh]) for key in ("accuracy", "ece", "log_loss")]
         cells.append(column([s.get("accuracy") for s in se]))
         spread = [category_spread(t["categories"]) for t in tests]
@@ -110,7 +114,7 @@ def main() -> None:
                      + f" | {mean_se(spread)} | {mean_se(relative)} | {secs:.0f} | {per_cat} |")
         summary[f"{backbone}/{kind}"] = {
             "seeds": len(metrics), **{f"test_{key}": [t.get(key) for t in tests]
-                                      for key in ("accuracy", "ece", "log_loss", "confidence")},
+                                      for key in ("accuracy", "accuracy_se", "ece", "log_loss", "confidence")},
             "test_datasets": [t.get("datasets") for t in tests], "category_spread": spread,
             "category_spread_over_std": relative,
             "categories": [t["categories"] for t in tests]}
