@@ -14,8 +14,9 @@ SAVE_STEPS=${SAVE_STEPS:-100}  # a checkpoint every N steps: what an interruptio
 # Batches of similar length pad 1.4x less; the MiniLM grid ran without it (random batches), the SmolLM2 one with it.
 group=(); [ "${GROUP_BY_LENGTH:-0}" = 1 ] && group=(--group-by-length)
 for backbone in ${BACKBONES:-minilm smollm2}; do
-  for kind in rm am; do
-    for seed in $(seq 0 $(( ${SEEDS:-3} - 1 ))); do
+  # Seed by seed, RM then AM: a grid cut short still has paired rows.
+  for seed in $(seq 0 $(( ${SEEDS:-3} - 1 ))); do
+    for kind in rm am; do
       out="$GRID/$backbone-$kind-seed$seed"
       [ -f "$out/reward_model.json" ] && { echo "$out: done, skipped"; continue; }
       resume=(); [ -d "$out.checkpoints" ] && resume=(--resume)
