@@ -274,7 +274,7 @@ class RLTrainer:
         if len(values) != len(completions):
             raise RewardError(f"reward function of task {self.task.name!r} returned {len(values)} values for "
                               f"{len(completions)} completions")
-        scores = torch.tensor(values, dtype=torch.float32)
+        scores = torch.tensor(values, dtype=torch.float32, device=self.device)
         keep = torch.isfinite(scores)
         if not keep.all():
             bad = (~keep).nonzero().flatten().tolist()
@@ -440,7 +440,7 @@ class RLTrainer:
             self.method.on_epoch_end()
         else:
             for _ in range(c.algo.epochs if c.algo.name == "ppo" else 1):
-                order = torch.randperm(n, generator=self.generator)
+                order = torch.randperm(n, generator=self.generator, device=self.generator.device)
                 for start in range(0, n, minibatch):
                     idx = order[start:start + minibatch]
                     self._update(rollout.select(idx), mask[idx], advantages[idx], old_logp[idx],
