@@ -384,7 +384,9 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             steps = t + 1
             if config.stop_at_eos and eos is not None:
                 finished = finished | (active & torch.isin(next_tokens, eos))
-                if bool(finished.all()):
+                # The early exit reads `finished` on the host: on a GPU that sync stalls the launch queue, ~5 of
+                # 50 ms per token on an H100 (BENCHMARKS.md, issue 13). While EOS is suppressed nothing can finish.
+                if not suppress_eos and bool(finished.all()):
                     break
             if steps == max_new:
                 break
