@@ -237,6 +237,11 @@ def plot(rows: list[dict], target: float, path: Path, where: str = "2 CPU thread
     plt.close(fig)
 
 
+def _ratio_cell(row: dict) -> str:
+    """A row's ratio to TRL; "< r" where TRL never reached the target (its whole run's time bounds the ratio)."""
+    return ("< " if row.get("ratio_is_upper_bound") else "") + f"{row['ratio_vs_trl']:.2f}"
+
+
 def combine(paths: list[Path], out: Path) -> str:
     """Several seeds' result files as one table: each seed's time to the target per row, and the ratio of the
     medians over seeds (one seed's time to a threshold moves by tens of seconds with its sampling noise)."""
@@ -257,8 +262,8 @@ def combine(paths: list[Path], out: Path) -> str:
             t = r["time_to_target_s"]
             cells.append(f"{r['total_wall_s'] / (r['points'][-1]['step'] or 1):.1f}, "
                          + ("not reached" if t is None else f"{t:.0f} s"))
-        ratio = next((r.get("ratio_vs_trl") for r in run["rows"] if r.get("ratio_vs_trl") is not None), None)
-        ratio_s = "–" if ratio is None else f"{ratio:.2f}"
+        ours = next((r for r in run["rows"] if r.get("ratio_vs_trl") is not None), None)
+        ratio_s = "–" if ours is None else _ratio_cell(ours)
         lines.append(f"| {run['args']['seed']} | " + " | ".join(cells) + f" | {ratio_s} |")
     medians = {}
     for row, results in per_row.items():
@@ -270,7 +275,8 @@ def combine(paths: list[Path], out: Path) -> str:
                                                             for r in per_row[row]),
                      "ratio_of_medians_vs_trl": None if trl in (None, float("inf")) or row == "TRL GRPO"
                      else t / trl} for row, t in medians.items()}
-    lines.append("| median | " + " | ".join(f"{summary[row]['median_s_per_step']:.1f}, {medians[row]:.0f} s"
+    lines.append("| median | " + " | ".join(f"{summary[row]['median_s_per_step']:.1f}, "
+                                          + ("not reached" if medians[row] == float("inf") else f"{medians[row]:.0f} s")
                                           for row in rows) + " | " + " ".join(
         f"{summary[row]['ratio_of_medians_vs_trl']:.2f}" for row in rows
         if summary[row]["ratio_of_medians_vs_trl"] is not None) + " |")
@@ -332,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|"]
     for r in rows:
         t, ratio = r["time_to_target_s"], r.get("ratio_vs_trl")
-        ratio_s = "–" if ratio is None else (f"< {ratio:.2f}" if r.get("ratio_is_upper_bound") else f"{ratio:.2f}")
+        ratio_s = "–" if ratio is None else _ratio_cell(r)
         reached = "not reached" if t is None else f"{t:.0f} s"
         lines.append(f"| {r['row']} | {r['points'][0]['reward']:.3f} → {r['final_reward']:.3f} | "
                      f"{r['total_wall_s'] / args.steps:.1f} | {reached} | {ratio_s} |")
