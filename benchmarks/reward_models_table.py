@@ -14,6 +14,9 @@ share questions), averaged over seeds: the noise of one test split, which the ±
 
     .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
 
+``verdict.md`` tests paper 2's three claims per backbone by fixed rules (:func:`verdicts`), so that the verdict
+follows the numbers as seeds come in rather than being written to fit them.
+
 Every finished model's settings and metrics are kept (copied) in ``<out>/runs/``, and the table is made from those
 with the grid's: a grid run one model per machine or session (whose ``runs/`` is gone by the next) adds up.
 """
@@ -53,6 +56,103 @@ def pooled_std(categories: dict) -> float:
     n = sum(c["responses"] for c in categories.values())
     mean = sum(c["mean"] * c["responses"] for c in categories.values()) / n
     return math.sqrt(sum(c["responses"] * (c["std"] ** 2 + (c["mean"] - mean) ** 2) for c in categories.values()) / n)
+
+
+PAPER = ("Peng et al. 2023 (paper 2), Table 1 on HH-RLHF at 7B: accuracy AM 69.43 % vs RM 69.25 %, ECE 3.48 % vs "
+         "4.70 %; Fig. 1 and 4: the AM's score distributions are comparable across tasks")
+
+
+def estimate(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error over seeds (None for one seed: the spread between seeds is then unknown)."""
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, None
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def compare(am: list[float], rm: list[float], lower_is_better: bool) -> tuple[str, str]:
+    """(AM − RM as "x ± se", a word on it): the AM is better when its value is lower (``lower_is_better``) or
+    higher. "holds" / "does not hold" need the difference beyond 2 standard errors over seeds; within them, the
+    direction alone is reported; with one seed on either side there is no error to judge by."""
+    (a, sa), (r, sr) = estimate(am), estimate(rm)
+    diff = a - r
+    better = diff < 0 if lower_is_better else diff > 0
+    if sa is None or sr is None:
+        return f"{diff:+.3f}", ("AM better" if better else "RM better") + " at one seed (no error over seeds yet)"
+    se = math.hypot(sa, sr)
+    if abs(diff) > 2 * se:
+        return f"{diff:+.3f} ± {se:.3f}", "AM better beyond 2 standard errors" if better else \
+            "RM better beyond 2 standard errors"
+    return f"{diff:+.3f} ± {se:.3f}", ("AM" if better else "RM") + " better, within 2 standard errors"
+
+
+def above_chance(accuracies: list[float], split_se: float) -> tuple[bool, float]:
+    """Whether a model's mean accuracy is above 0.5 by more than 2 standard errors, the error counting both the
+    seeds and the test split (every seed is scored on the same split, so its sampling error does not average out
+    over seeds). Returns (above, the error)."""
+    m, se_seeds = estimate(accuracies)
+    se = math.hypot(se_seeds or 0.0, split_se)
+    return m - 2 * se > 0.5, se
+
+
+def verdicts(summary: dict) -> list[str]:
+    """Markdown lines: per backbone with both models, paper 2's three claims tested on the test split."""
+    lines = ["# Paper 2's claims at this scale (written by benchmarks/reward_models_table.py)", "", PAPER + ".", "",
+             "Rules: a difference AM − RM counts when it is beyond 2 standard errors over seeds (all seeds share one "
+             "test split); a model learns HH-RLHF when its mean accuracy there is above 0.5 by more than 2 standard "
+             "errors (seeds and the split's sampling error, binomial over its pairs).", ""]
+    for backbone in sorted({key.split("/")[0] for key in summary}):
+        am, rm = summary.get(f"{backbone}/AM"), summary.get(f"{backbone}/RM")
+        if am is None or rm is None:
+            continue
+        seeds = min(am["seeds"], rm["seeds"])
+        lines += [f"## {backbone}: AM {am['seeds']} seed(s), RM {rm['seeds']} seed(s)"
+                  + (" — provisional until both have 3" if seeds < 3 else ""), ""]
+        if any("hh-rlhf" not in (d or {}) for s in (am, rm) for d in s["test_datasets"]):
+            lines += ["- No HH-RLHF numbers for every model: run `elastic-reset reward-model evaluate <model> "
+                      "--force`.",
+                      ""]
+            continue
+        hh = {kind: [d["hh-rlhf"] for d in s["test_datasets"]] for kind, s in (("AM", am), ("RM", rm))}
+        learns = {}
+        for kind, sets in hh.items():
+            acc = [h["accuracy"] for h in sets]
+            split_se = math.sqrt(0.25 / sets[0]["pairs"])
+            above, se = above_chance(acc, split_se)
+            learns[kind] = above
+            lines.append(f"- {kind} on HH-RLHF test ({sets[0]['pairs']} pairs): accuracy {sum(acc) / len(acc):.3f} "
+                         f"± {se:.3f}: " + ("above chance" if above else "not above chance"))
+        diff, word = compare([h["accuracy"] for h in hh["AM"]], [h["accuracy"] for h in hh["RM"]], False)
+        if not any(learns.values()):
+            lines.append(f"- **Accuracy (AM ≥ RM): cannot be tested** — neither model learns HH-RLHF (AM − RM = {diff},"
+                         f" {word}).")
+        else:
+            holds = not word.startswith("RM better beyond")
+            lines.append(f"- **Accuracy (AM ≥ RM): {'holds' if holds else 'does not hold'}** — AM − RM = {diff}, "
+                         f"{word}.")
+        diff, word = compare([h["ece"] for h in hh["AM"]], [h["ece"] for h in hh["RM"]], True)
+        loss_diff, loss_word = compare([h["log_loss"] for h in hh["AM"]], [h["log_loss"] for h in hh["RM"]], True)
+        sure, _ = compare([h["confidence"] for h in hh["AM"]], [h["confidence"] for h in hh["RM"]], True)
+        lines.append(f"- **Calibration (AM's ECE lower): {claim_word(word)}** — HH-RLHF ECE AM − RM = {diff}, {word}; "
+                     f"log loss (a proper scoring rule: calibration and discrimination together) AM − RM = "
+                     f"{loss_diff}, {loss_word}; mean confidence AM − RM = {sure} (a model that says p ≈ 0.5 "
+                     "everywhere has a small ECE whatever it knows).")
+        diff, word = compare(am["category_spread_over_std"], rm["category_spread_over_std"], True)
+        lines.append(f"- **Comparable scores across tasks (AM's per-category spread smaller): {claim_word(word)}** — "
+                     f"spread of the per-category mean scores in units of the model's score std, AM − RM = {diff}, "
+                     f"{word}.")
+        lines.append("")
+    return lines
+
+
+def claim_word(word: str) -> str:
+    """The verdict on a claim that the AM is better, from :func:`compare`'s word."""
+    if "one seed" in word:
+        return "not yet decided (one seed)"
+    if "beyond" in word:
+        return "holds" if word.startswith("AM") else "does not hold (reversed)"
+    return "in the paper's direction, not significant" if word.startswith("AM") else \
+        "not supported (reversed, not significant)"
 
 
 def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None]]:
@@ -123,7 +223,9 @@ def main() -> None:
                          out / f"reliability_{backbone}.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    verdict = verdicts(summary)
+    (out / "verdict.md").write_text("\n".join(verdict).rstrip() + "\n")
+    print("\n".join(lines + [""] + verdict))
 
 
 if __name__ == "__main__":
