@@ -512,7 +512,7 @@ def test_state_dict_round_trip_mid_schedule(tmp_path, mode, k, dtype):
     model_a = PolicyWithValueHead().to(dtype)
     er_a = ElasticReset(model_a, decay=0.9, reset_every=3, mode=mode, exclude="v_head")
     gen = torch.Generator().manual_seed(16)
-    events_before, _ = _run(model_a, er_a, gen, k)
+    _run(model_a, er_a, gen, k)  # k steps, then the state is saved mid-schedule
 
     path = tmp_path / "er.pt"
     torch.save(er_a.state_dict(), path)
