@@ -33,12 +33,17 @@ from pathlib import Path
 from elastic_reset.evaluation.figures import plot_reliability
 
 
-def mean_se(values: list[float]) -> str:
+def estimate(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error over seeds (None for one seed: the spread between seeds is then unknown)."""
     m = sum(values) / len(values)
     if len(values) < 2:
-        return f"{m:.3f}"
-    se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
-    return f"{m:.3f} ± {se:.3f}"
+        return m, None
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def mean_se(values: list[float]) -> str:
+    m, se = estimate(values)
+    return f"{m:.3f}" if se is None else f"{m:.3f} ± {se:.3f}"
 
 
 def column(values: list) -> str:
@@ -60,14 +65,6 @@ def pooled_std(categories: dict) -> float:
 
 PAPER = ("Peng et al. 2023 (paper 2), Table 1 on HH-RLHF at 7B: accuracy AM 69.43 % vs RM 69.25 %, ECE 3.48 % vs "
          "4.70 %; Fig. 1 and 4: the AM's score distributions are comparable across tasks")
-
-
-def estimate(values: list[float]) -> tuple[float, float | None]:
-    """Mean and standard error over seeds (None for one seed: the spread between seeds is then unknown)."""
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, None
-    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
 
 
 def compare(am: list[float], rm: list[float], lower_is_better: bool) -> tuple[str, str]:
