@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import shutil
 import time
 
 import numpy as np
@@ -387,9 +388,21 @@ def test_an_interrupted_training_resumes_to_the_same_model(tmp_path, group_by_le
     clock = tmp_path / "cut.checkpoints" / "checkpoint-10" / "training_seconds.json"
     assert 0 < json.loads(clock.read_text())["seconds"] < full["train_seconds"]
     clock.write_text(json.dumps({"seconds": 1000.0}))
+    # Processes killed while saving leave a checkpoint without its trainer state (written last), or with half of
+    # it; the Trainer, given either, stops with an error. The resume must take the newest finished one.
+    for step, state in ((20, '{"global_step": 2'), (30, None)):
+        unfinished = tmp_path / "cut.checkpoints" / f"checkpoint-{step}"
+        shutil.copytree(clock.parent, unfinished)
+        if state is None:
+            (unfinished / "trainer_state.json").unlink()
+        else:
+            (unfinished / "trainer_state.json").write_text(state)
+    logged = []
     t0 = time.perf_counter()
-    resumed = train_reward_model(config, tmp_path / "cut", resume=True, progress=False, log=lambda _: None,
+    resumed = train_reward_model(config, tmp_path / "cut", resume=True, progress=False, log=logged.append,
                                  callbacks=[Count()])
+    for step in (20, 30):
+        assert any(f"checkpoint-{step} was not saved to the end" in line for line in logged)
     assert 1000 < resumed["train_seconds"] < 1000 + time.perf_counter() - t0
     assert Count.steps == math.ceil(full["train_pairs"] / 8) - 10  # continued from the checkpoint at step 10
     assert resumed["train_loss"][-1] == pytest.approx(full["train_loss"][-1], rel=1e-5)

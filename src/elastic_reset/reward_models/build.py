@@ -153,7 +153,6 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
     """Train, evaluate on val and test, and write ``out`` atomically; checkpoints go to ``out``'s sibling
     ``<name>.checkpoints`` (kept until the model is written). Returns the metrics."""
     from transformers import TrainingArguments
-    from transformers.trainer_utils import get_last_checkpoint
 
     from elastic_reset.reward_models.train import (
         PairCollator,
@@ -161,6 +160,7 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         TrainingClock,
         encode_pairs,
         evaluate_pairs,
+        last_complete_checkpoint,
     )
 
     config.validate()
@@ -189,7 +189,7 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
                               train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
                                                          share_prompt=model.shares_prompt),
                               data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
-    start = get_last_checkpoint(str(checkpoints)) if resume and checkpoints.is_dir() else None
+    start = last_complete_checkpoint(checkpoints, log) if resume and checkpoints.is_dir() else None
     clock = TrainingClock(start)
     trainer.add_callback(clock)
     trainer.train(resume_from_checkpoint=start)

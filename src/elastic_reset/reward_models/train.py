@@ -8,6 +8,7 @@ bounding loss. One ``Trainer`` subclass trains both, so RM and AM differ only in
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +140,30 @@ class TrainingClock(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             atomic_write_text(folder / self.FILE, json.dumps({"seconds": self.seconds()}) + "\n")
+
+
+def last_complete_checkpoint(folder: str | Path, log=print) -> str | None:
+    """The newest checkpoint in ``folder`` whose save finished, or None. transformers' ``get_last_checkpoint`` takes
+    the newest folder as it is, so after a process killed while saving, ``--resume`` would stop at a missing or
+    half-written file (transformers 5.23: ``FileNotFoundError`` / ``JSONDecodeError`` on ``trainer_state.json``),
+    or load half-written weights. ``Trainer._save_checkpoint``
+    writes the weights, the optimizer, scheduler and RNG states, and the trainer state last (none atomically), so a
+    readable ``trainer_state.json`` marks a finished save. (Its rotation deletes old checkpoints only after a newer
+    one is saved, so a half-deleted one is never the newest finished.) Newer, unfinished checkpoints are removed,
+    each named in the log, so that the rotation cannot later keep one of them in place of a good one."""
+    found = []
+    for path in Path(folder).glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and step.isdigit():
+            found.append((int(step), path))
+    for _, path in sorted(found, reverse=True):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+            return str(path)
+        except (OSError, ValueError):
+            log(f"reward-model: {path} was not saved to the end (no readable trainer_state.json): removed")
+            shutil.rmtree(path)
+    return None
 
 
 @torch.no_grad()
