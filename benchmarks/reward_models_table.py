@@ -28,6 +28,7 @@ import json
 import math
 import shutil
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_reset.evaluation.figures import plot_reliability
@@ -67,29 +68,51 @@ PAPER = ("Peng et al. 2023 (paper 2), Table 1 on HH-RLHF at 7B: accuracy AM 69.4
          "4.70 %; Fig. 1 and 4: the AM's score distributions are comparable across tasks")
 
 
-def compare(am: list[float], rm: list[float], lower_is_better: bool) -> tuple[str, str]:
-    """(AM − RM as "x ± se", a word on it): the AM is better when its value is lower (``lower_is_better``) or
-    higher. "holds" / "does not hold" need the difference beyond 2 standard errors over seeds; within them, the
-    direction alone is reported; with one seed on either side there is no error to judge by."""
+@dataclass
+class Difference:
+    """AM − RM of one metric over seeds, and what it says."""
+
+    text: str
+    """The difference as "x ± se" (or "x" with one seed on either side)."""
+    am_better: bool
+    """Whether it points the AM's way (lower or higher, as the metric goes)."""
+    significant: bool | None
+    """Beyond 2 standard errors over seeds; None with one seed on either side (no error to judge by)."""
+
+    def word(self) -> str:
+        better = "AM better" if self.am_better else "RM better"
+        if self.significant is None:
+            return better + " at one seed (no error over seeds yet)"
+        return better + (" beyond 2 standard errors" if self.significant else ", within 2 standard errors")
+
+    def claim(self) -> str:
+        """The verdict on a claim that the AM is better."""
+        if self.significant is None:
+            return "not yet decided (one seed)"
+        if self.significant:
+            return "holds" if self.am_better else "does not hold (reversed)"
+        return "in the paper's direction, not significant" if self.am_better else \
+            "not supported (reversed, not significant)"
+
+
+def compare(am: list[float], rm: list[float], lower_is_better: bool) -> Difference:
+    """AM − RM of a metric by which the AM is better when its value is lower (``lower_is_better``) or higher."""
     (a, sa), (r, sr) = estimate(am), estimate(rm)
     diff = a - r
     better = diff < 0 if lower_is_better else diff > 0
     if sa is None or sr is None:
-        return f"{diff:+.3f}", ("AM better" if better else "RM better") + " at one seed (no error over seeds yet)"
+        return Difference(f"{diff:+.3f}", better, None)
     se = math.hypot(sa, sr)
-    if abs(diff) > 2 * se:
-        return f"{diff:+.3f} ± {se:.3f}", "AM better beyond 2 standard errors" if better else \
-            "RM better beyond 2 standard errors"
-    return f"{diff:+.3f} ± {se:.3f}", ("AM" if better else "RM") + " better, within 2 standard errors"
+    return Difference(f"{diff:+.3f} ± {se:.3f}", better, abs(diff) > 2 * se)
 
 
 def above_chance(accuracies: list[float], split_se: float) -> tuple[bool, float]:
     """Whether a model's mean accuracy is above 0.5 by more than 2 standard errors, the error counting both the
     seeds and the test split (every seed is scored on the same split, so its sampling error does not average out
-    over seeds). Returns (above, the error)."""
+    over seeds). Returns (above, the mean, the error)."""
     m, se_seeds = estimate(accuracies)
     se = math.hypot(se_seeds or 0.0, split_se)
-    return m - 2 * se > 0.5, se
+    return m - 2 * se > 0.5, m, se
 
 
 def verdicts(summary: dict) -> list[str]:
@@ -115,41 +138,30 @@ def verdicts(summary: dict) -> list[str]:
         for kind, sets in hh.items():
             acc = [h["accuracy"] for h in sets]
             split_se = math.sqrt(0.25 / sets[0]["pairs"])
-            above, se = above_chance(acc, split_se)
+            above, mean, se = above_chance(acc, split_se)
             learns[kind] = above
-            lines.append(f"- {kind} on HH-RLHF test ({sets[0]['pairs']} pairs): accuracy {sum(acc) / len(acc):.3f} "
-                         f"± {se:.3f}: " + ("above chance" if above else "not above chance"))
-        diff, word = compare([h["accuracy"] for h in hh["AM"]], [h["accuracy"] for h in hh["RM"]], False)
+            lines.append(f"- {kind} on HH-RLHF test ({sets[0]['pairs']} pairs): accuracy {mean:.3f} ± {se:.3f}: "
+                         + ("above chance" if above else "not above chance"))
+        acc = compare([h["accuracy"] for h in hh["AM"]], [h["accuracy"] for h in hh["RM"]], False)
         if not any(learns.values()):
-            lines.append(f"- **Accuracy (AM ≥ RM): cannot be tested** — neither model learns HH-RLHF (AM − RM = {diff},"
-                         f" {word}).")
+            lines.append(f"- **Accuracy (AM ≥ RM): cannot be tested** — neither model learns HH-RLHF (AM − RM = "
+                         f"{acc.text}, {acc.word()}).")
         else:
-            holds = not word.startswith("RM better beyond")
-            lines.append(f"- **Accuracy (AM ≥ RM): {'holds' if holds else 'does not hold'}** — AM − RM = {diff}, "
-                         f"{word}.")
-        diff, word = compare([h["ece"] for h in hh["AM"]], [h["ece"] for h in hh["RM"]], True)
-        loss_diff, loss_word = compare([h["log_loss"] for h in hh["AM"]], [h["log_loss"] for h in hh["RM"]], True)
-        sure, _ = compare([h["confidence"] for h in hh["AM"]], [h["confidence"] for h in hh["RM"]], True)
-        lines.append(f"- **Calibration (AM's ECE lower): {claim_word(word)}** — HH-RLHF ECE AM − RM = {diff}, {word}; "
-                     f"log loss (a proper scoring rule: calibration and discrimination together) AM − RM = "
-                     f"{loss_diff}, {loss_word}; mean confidence AM − RM = {sure} (a model that says p ≈ 0.5 "
+            holds = acc.am_better or not acc.significant
+            lines.append(f"- **Accuracy (AM ≥ RM): {'holds' if holds else 'does not hold'}** — AM − RM = {acc.text}, "
+                         f"{acc.word()}.")
+        ece, loss, sure = (compare([h[key] for h in hh["AM"]], [h[key] for h in hh["RM"]], True)
+                           for key in ("ece", "log_loss", "confidence"))
+        lines.append(f"- **Calibration (AM's ECE lower): {ece.claim()}** — HH-RLHF ECE AM − RM = {ece.text}, "
+                     f"{ece.word()}; log loss (a proper scoring rule: calibration and discrimination together) AM − RM"
+                     f" = {loss.text}, {loss.word()}; mean confidence AM − RM = {sure.text} (a model that says p ≈ 0.5 "
                      "everywhere has a small ECE whatever it knows).")
-        diff, word = compare(am["category_spread_over_std"], rm["category_spread_over_std"], True)
-        lines.append(f"- **Comparable scores across tasks (AM's per-category spread smaller): {claim_word(word)}** — "
-                     f"spread of the per-category mean scores in units of the model's score std, AM − RM = {diff}, "
-                     f"{word}.")
+        spread = compare(am["category_spread_over_std"], rm["category_spread_over_std"], True)
+        lines.append(f"- **Comparable scores across tasks (AM's per-category spread smaller): {spread.claim()}** — "
+                     f"spread of the per-category mean scores in units of the model's score std, AM − RM = "
+                     f"{spread.text}, {spread.word()}.")
         lines.append("")
     return lines
-
-
-def claim_word(word: str) -> str:
-    """The verdict on a claim that the AM is better, from :func:`compare`'s word."""
-    if "one seed" in word:
-        return "not yet decided (one seed)"
-    if "beyond" in word:
-        return "holds" if word.startswith("AM") else "does not hold (reversed)"
-    return "in the paper's direction, not significant" if word.startswith("AM") else \
-        "not supported (reversed, not significant)"
 
 
 def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None]]:
