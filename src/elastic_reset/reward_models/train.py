@@ -147,9 +147,10 @@ def last_complete_checkpoint(folder: str | Path, log=print) -> str | None:
     the newest folder as it is, so after a process killed while saving, ``--resume`` would stop at a missing or
     half-written file (transformers 5.23: ``FileNotFoundError`` / ``JSONDecodeError`` on ``trainer_state.json``),
     or load half-written weights. ``Trainer._save_checkpoint`` writes the weights, the optimizer, scheduler and RNG
-    states, and the trainer state last (none atomically), so a readable ``trainer_state.json`` marks a finished save. (Its rotation deletes old checkpoints only after a newer
-    one is saved, so a half-deleted one is never the newest finished.) Newer, unfinished checkpoints are removed,
-    each named in the log, so that the rotation cannot later keep one of them in place of a good one."""
+    states, and the trainer state last (none atomically), so a readable ``trainer_state.json`` marks a finished
+    save. (Its rotation deletes old checkpoints only after a newer one is saved, so a half-deleted one is never the
+    newest finished.) Newer, unfinished checkpoints are removed, each named in the log, so that the rotation cannot
+    later keep one of them in place of a good one."""
     found = []
     for path in Path(folder).glob("checkpoint-*"):
         step = path.name.removeprefix("checkpoint-")
