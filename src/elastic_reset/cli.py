@@ -330,8 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "less padding (1.4x fewer tokens a step on hh-rlhf + stack-exchange), another batch order")
     rm_train.add_argument("--out", default=None, help="default: the cache, reward-models/<backbone>-<rm|am>-"
                           "<data>-seed<S>")
-    rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training (a GPU, or an AVX-512 "
-                          "BF16 CPU)")
+    rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training, for a GPU (on an "
+                          "AVX-512 BF16 CPU it was no faster than fp32 for SmolLM2)")
     rm_train.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
     rm_train.set_defaults(func=_reward_model_train)
     rm_eval = rm_sub.add_parser("evaluate", help="score a trained model again on its own split: accuracy and ECE "
