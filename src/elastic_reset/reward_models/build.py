@@ -71,8 +71,8 @@ class RewardModelConfig:
     bf16: bool = False
     """Train under bf16 autocast (the weights stay fp32; scoring stays fp32): for a GPU. On a 2-core AVX-512 BF16 CPU
     the Trainer's autocast was no faster than fp32 for SmolLM2 + LoRA (8 steps of the same batches: 112 s against
-    114 s, 2026-11-25): attention runs in bf16, slow on such CPUs, and the frozen base weights are recast every pass
-    (the RL engine avoids both: :mod:`elastic_reset.lm.cpu_bf16`)."""
+    114 s, 2026-11-25). Not profiled; the likely causes are the two the RL engine measured and works around
+    (:mod:`elastic_reset.lm.cpu_bf16`): bf16 attention is slow on such CPUs, and frozen weights are recast each pass."""
     save_steps: int = 100
     """The Trainer writes a checkpoint every this many steps (``--resume`` starts from the newest)."""
 
