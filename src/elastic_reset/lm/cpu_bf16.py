@@ -135,7 +135,9 @@ def _mergeable_lora(module) -> bool:
 def _pack_merged_lora(module, dtype: torch.dtype, batch_hint: int):
     base = module.base_layer
     with torch.no_grad():
-        weight = base.weight.detach().float()
+        # W + s·BA from the fp32 W even where the trainer keeps a bf16 copy of it (precast_weights): rounding W to
+        # bf16 before adding the update, and again after, gave other samples than the run without the copy.
+        weight = getattr(base.weight, "precast_from", base.weight).detach().float()
         for adapter in module.active_adapters:
             if adapter in module.lora_A:
                 weight = weight + module.get_delta_weight(adapter).float()
@@ -237,6 +239,7 @@ def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None 
                     cast = casts.get(id(param))
                     if cast is None:
                         cast = casts[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=False)
+                        cast.precast_from = param  # for code that needs the full-precision values (merged LoRA)
                     module._parameters[name] = cast
                     swapped.append((module, name, param))
         yield model
