@@ -2,7 +2,8 @@
 # Issue 12's comparison: the Bradley-Terry reward model (RM) against the Advantage Model (AM) on the same
 # prompt-disjoint split of HH-RLHF (helpful + harmless) and the beer/coffee Stack Exchange pairs, 3 seeds each,
 # for each backbone. Resumable: a finished model is skipped (in GRID, or kept in results/reward-models/runs/ by the
-# table script, so a session whose runs/ is gone does not retrain it), an interrupted one continues from its checkpoint.
+# table script, so a session whose runs/ is gone does not retrain it), an interrupted one continues from its
+# checkpoint.
 #   BACKBONES=minilm SEEDS=3 GRID=runs/reward-models bash benchmarks/reward_models_grid.sh
 #   BACKBONES=smollm2 SEEDS=3 SAVE_STEPS=25 GROUP_BY_LENGTH=1 GRID=runs/reward-models bash benchmarks/reward_models_grid.sh
 #   .venv/bin/python benchmarks/reward_models_table.py runs/reward-models
