@@ -1,4 +1,5 @@
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,22 @@ def _seed_and_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory) -> Path:
+    """One uninterrupted run of ``helpers.run_config()``, trained once; each test damages its own copy (``run``)."""
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import run_config
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    RLTrainer(run_config(), run).train()
+    return run
+
+
+@pytest.fixture
+def run(finished, tmp_path) -> Path:
+    """A copy of the ``finished`` run, for one test to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy)
+    return copy

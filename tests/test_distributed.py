@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 
 from elastic_reset.io import read_metrics
 from elastic_reset.rl.config import ConfigError
+from elastic_reset.rl import ops
 from elastic_reset.rl.distributed import DataParallel, mean_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +146,48 @@ def test_a_batch_must_split_evenly_over_the_processes():
     with pytest.raises(ConfigError, match="algo.prompts_per_step: 5 does not split evenly over 2 processes"):
         DataParallel(world_size=2).check_divides("algo.prompts_per_step", 5)
     assert DataParallel(world_size=2, rank=1).shard(list("abcd")) == ["c", "d"]
+
+
+class _ThreadRank(DataParallel):
+    """One of two ranks run as threads of this process: ``sum`` adds both ranks' numbers, as the all-reduce does."""
+
+    board: tuple = ()
+
+    def sum(self, values: list[float]) -> list[float]:
+        slots, barrier = self.board
+        slots[self.rank] = list(values)
+        barrier.wait()
+        total = [a + b for a, b in zip(*slots)]
+        barrier.wait()  # both have read before either writes its next numbers
+        return total
+
+
+def _whiten_on_two_ranks(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Whiten with the first half of the rows on rank 0 and the second on rank 1; the two halves, concatenated."""
+    board, halves, share = ([None, None], threading.Barrier(2, timeout=30)), [None, None], x.shape[0] // 2
+
+    def rank(r: int) -> None:
+        dp = _ThreadRank(world_size=2, rank=r)
+        dp.board = board
+        halves[r] = dp.whiten(x[r * share:(r + 1) * share], mask[r * share:(r + 1) * share])
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return torch.cat(halves)
+
+
+def test_data_parallel_whitening_is_the_whitening_of_the_whole_batch():
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(5)[None] < torch.tensor([[5], [3], [1], [4], [2], [5]])).float()
+    torch.testing.assert_close(_whiten_on_two_ranks(x, mask), ops.whiten(x, mask), rtol=1e-5, atol=1e-5)
+    # Far from zero: the mean of squared deviations, not E[x²] − E[x]², which cancels in float32 and fails this.
+    far = 100.0 + 0.1 * x
+    torch.testing.assert_close(_whiten_on_two_ranks(far, mask), ops.whiten(far, mask), rtol=1e-3, atol=1e-3)
+    # One process: ops.whiten itself, bit for bit.
+    assert torch.equal(DataParallel().whiten(x, mask), ops.whiten(x, mask))
 
 
 def test_one_record_from_the_ranks_averages_numbers_and_keeps_events():

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from elastic_reset.rl.config import ConfigError, config_from_dict
 from elastic_reset.rl.ops import (
     AdaptiveKLController,
     FixedKLController,
@@ -176,15 +177,7 @@ def test_kl_controllers_state_roundtrip_and_fixed_is_constant():
 
 
 def test_kl_controller_bad_inputs():
-    for bad in (0, -1.0, float("nan")):
-        with pytest.raises(ValueError, match="target"):
-            AdaptiveKLController(0.1, target=bad, horizon=10)
-        with pytest.raises(ValueError, match="horizon"):
-            AdaptiveKLController(0.1, target=1.0, horizon=bad)
-    with pytest.raises(ValueError, match="init_kl_coef"):
-        AdaptiveKLController(-0.1, target=1.0, horizon=10)
-    with pytest.raises(ValueError, match="kl_coef"):
-        FixedKLController(-1.0)
+    # Its settings (target, horizon, the initial / fixed coefficient) are the config's: refused there, below.
     ctl = AdaptiveKLController(0.1, target=1.0, horizon=10)
     with pytest.raises(ValueError, match="current_kl"):
         ctl.update(float("nan"), 1)
@@ -267,11 +260,7 @@ def test_gae_has_no_gradient_and_bad_inputs():
     v = torch.zeros(1, 3, requires_grad=True)
     adv, ret = gae(torch.zeros(1, 3), v, torch.ones(1, 3), 0.9, 0.9)
     assert not adv.requires_grad and not ret.requires_grad
-    ones = torch.ones(1, 3)
-    with pytest.raises(ValueError, match="gamma"):
-        gae(ones, ones, ones, 1.5, 0.9)
-    with pytest.raises(ValueError, match="lam"):
-        gae(ones, ones, ones, 0.9, -0.1)
+    ones = torch.ones(1, 3)  # gamma and lam outside [0, 1]: refused by the config, below
     with pytest.raises(ValueError, match="values"):
         gae(ones, torch.ones(1, 4), ones, 0.9, 0.9)
     with pytest.raises(ValueError, match="mask"):
@@ -318,10 +307,7 @@ def test_ppo_policy_loss_does_not_clip_in_the_improving_direction():
 
 
 def test_ppo_policy_loss_bad_inputs():
-    z = torch.zeros(1, 2)
-    for bad in (0, -0.1, None):
-        with pytest.raises(ValueError, match="clip_range"):
-            ppo_policy_loss(z, z, z, z, bad)
+    z = torch.zeros(1, 2)  # a clip range of 0, -0.1 or None: refused by the config, below
     with pytest.raises(ValueError, match="advantages"):
         ppo_policy_loss(z, z, torch.zeros(2, 2), z, 0.2)
 
@@ -348,10 +334,7 @@ def test_value_loss_clipping_by_hand():
 
 
 def test_rloo_bad_inputs():
-    s = torch.zeros(6)
-    for bad in (1, 0, 2.0, True):
-        with pytest.raises(ValueError, match="k"):
-            rloo_advantages(s, bad)
+    s = torch.zeros(6)  # k = 1, 0, 2.0 or True: refused by the config, below
     with pytest.raises(ValueError, match="k"):
         rloo_advantages(s, 4)  # 6 is not a multiple of 4
     with pytest.raises(ValueError, match="scores"):
@@ -372,10 +355,7 @@ def test_moving_average_baseline_by_hand():
 
 
 def test_moving_average_baseline_bad_inputs():
-    for bad in (1.0, -0.1, 2):
-        with pytest.raises(ValueError, match="decay"):
-            MovingAverageBaseline(bad)
-    b = MovingAverageBaseline(0.5)
+    b = MovingAverageBaseline(0.5)  # a decay of 1.0, -0.1 or 2: refused by the config, below
     with pytest.raises(ValueError, match="batch_mean_reward"):
         b.update(float("inf"))
     with pytest.raises(ValueError, match="batch_mean_reward"):
@@ -395,3 +375,33 @@ def test_masked_stats_bad_inputs():
         masked_var(torch.zeros(2, 3), torch.tensor([[1, 0, 0], [0, 0, 0]]))  # one token: no unbiased variance
     with pytest.raises(ValueError, match="mask"):
         whiten(torch.zeros(2, 3), torch.zeros(2, 3))
+
+
+# ------------------------------------------------------------------- settings: validated once, by the config
+# The functions above take their settings from the run config and do not re-check them; each value they used to
+# refuse is refused when the config is loaded, naming its key (tests/test_config.py's pattern).
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({}, list(overrides))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    # AdaptiveKLController's target, horizon and initial coefficient; FixedKLController's coefficient
+    *[((f"kl.target={bad}",), "kl.target") for bad in ("0", "-1.0", ".nan")],
+    *[((f"kl.horizon={bad}",), "kl.horizon") for bad in ("0", "-1.0", ".nan")],
+    (("kl.coef=-0.1", "kl.target=1.0"), "kl.coef"),
+    (("kl.coef=-1.0",), "kl.coef"),
+    # gae's gamma and lam
+    (("algo.gamma=1.5",), "algo.gamma"),
+    (("algo.lam=-0.1",), "algo.lam"),
+    # ppo_policy_loss's clip range
+    *[((f"algo.clip_range={bad}",), "algo.clip_range") for bad in ("0", "-0.1", "null")],
+    # rloo_advantages' k (samples per prompt)
+    *[(("algo.name=rloo", f"algo.samples_per_prompt={bad}"), "algo.samples_per_prompt")
+      for bad in ("1", "0", "2.0", "true")],
+    # MovingAverageBaseline's decay
+    *[((f"algo.baseline_decay={bad}",), "algo.baseline_decay") for bad in ("1.0", "-0.1", "2")],
+])
+def test_the_config_refuses_the_settings_ops_does_not_check(overrides, key):
+    assert refused(*overrides).startswith(f"{key}: ")

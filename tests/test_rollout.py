@@ -17,6 +17,7 @@ from elastic_reset.lm.cpu_bf16 import precast_weights
 from elastic_reset.lm.scoring import ResponseOutput, forward_response
 from elastic_reset.models import tiny_causal_lm
 from elastic_reset.rl.sampling import Rollout, SamplingConfig, sample, sample_from_logits, top_p_set
+from helpers import independent_top_p
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 259
 DECODERS = ["llama", "gpt2"]
@@ -522,16 +523,6 @@ class MarkovLM(nn.Module):
         """[B, Tr, V]: the logits each response token was sampled from."""
         prev = torch.cat([ids[:, -1:], r.response_ids[:, :-1]], 1)
         return self.table[prev]
-
-
-def independent_top_p(logits: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
-    """The smallest set of most likely tokens with cumulative probability >= p (at least ``min_keep``), computed
-    by a descending walk rather than Hugging Face's ascending one."""
-    probs, order = torch.softmax(logits.double(), -1).sort(-1, descending=True)
-    before = probs.cumsum(-1) - probs  # mass of the strictly more likely tokens
-    keep_sorted = before < p
-    keep_sorted[..., :min_keep] = True
-    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])

@@ -3,11 +3,10 @@
 - :func:`packed_linears`: decoding streams every weight matrix once per token; a weight reordered once into
   oneDNN's blocked layout multiplies faster than one reordered inside every matmul. In bf16 (CPUs with AVX-512
   BF16) the results are bit-identical; in fp32 (any CPU with oneDNN, e.g. AVX2 only) they agree to rounding.
-- :func:`use_fp32_attention`: under autocast, ``scaled_dot_product_attention`` runs in bf16, and on this CPU the
-  bf16 kernels are the slow ones for teacher-forced passes: forward + backward of one SmolLM2 attention over
-  16 x 42 tokens took 16.2 ms against 6.9 ms in fp32, and a whole forward + backward 2.67 s against 2.46 s (decoding
-  measured the same either way). Attention is then computed in fp32 (more precise too; the linear layers stay
-  bf16). On a GPU, where bf16 attention is the fast one, nothing changes.
+- :func:`use_fp32_attention`: under autocast, ``scaled_dot_product_attention`` runs in bf16, and on a CPU the
+  bf16 kernels are the slow ones for teacher-forced passes (decoding is the same either way; see BENCHMARKS.md).
+  Attention is then computed in fp32 (more precise too; the linear layers stay bf16). On a GPU, where bf16
+  attention is the fast one, nothing changes.
 """
 
 from __future__ import annotations
@@ -67,12 +66,11 @@ def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16, *, me
     empty set, and no change, off the CPU, without oneDNN, or for a bf16 ``dtype`` without oneDNN bf16 kernels.
     ``dtype`` is the autocast dtype: bf16 packs bf16 weights, None (fp32) packs fp32 ones.
 
-    Why: a decoding step multiplies 16 rows by every weight matrix, so it streams the weights from memory. bf16 on
-    an AVX-512 BF16 CPU: the plain matmul reached about 6 GB/s doing that against 10 GB/s for a pre-packed weight
-    (200 matrices of 1536 x 576; the machine reads 30 GB/s), bit-identical to the matmul autocast would run (same
-    oneDNN kernel family, same bf16 inputs, fp32 accumulation). fp32 on an AVX2-only CPU: 0.48 -> 0.25 ms for
-    16 x 576 by 576 x 1536 and 35 -> 12 ms for SmolLM2's 49k-token head, equal to ``F.linear`` up to rounding
-    (a different summation order).
+    Why: a decoding step multiplies 16 rows by every weight matrix, so it streams the weights from memory, and a
+    pre-packed weight streams faster than one the matmul reorders each time (bf16 and fp32 alike; see
+    BENCHMARKS.md). In bf16 the results are bit-identical to the matmul autocast would run (same oneDNN kernel
+    family, same bf16 inputs, fp32 accumulation); in fp32 equal to ``F.linear`` up to rounding (a different
+    summation order).
 
     Packs of frozen weights (``requires_grad=False``: a LoRA base, a reference copy) are kept, keyed weakly by
     module, and reused while the weight is the same tensor with the same version counter (an in-place change
@@ -209,7 +207,7 @@ def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None 
 
     Why: ``torch.autocast`` casts each fp32 weight to bf16 on every forward; it caches the cast only for weights
     that require grad and only outside ``inference_mode``, so a sampling loop (or any frozen LoRA base) recasts the
-    whole model once per generated token: on CPU that was a third of a SmolLM2 decoding step. Casting once here
+    whole model once per generated token: on a CPU a large share of a decoding step. Casting once here
     gives the same numbers under autocast to the same dtype (the linears compute in ``dtype`` either way; embeddings,
     norms and the residual stream keep their own dtype, since only linear layers are touched, even when the LM head
     is tied to the embedding).

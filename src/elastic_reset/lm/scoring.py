@@ -5,6 +5,8 @@ The bottom of the package's model code: the RL engine (the policy update, the KL
 :func:`elastic_reset.rl.sampling.sample` (with grad, for the update): for a model without dropout its ``logprobs``
 equal the sampler's (fp32; bf16 autocast agrees to bf16 noise), under the same distribution: the policy at
 temperature T, before any truncation, or NLPO's masked distribution when an action mask is given.
+:func:`token_nll` (one batch, per token) and :func:`sequence_nll` (batched, per text) are the one teacher-forced
+NLL of given text: perplexity, the multitask loss, pretraining and the Translation Game's listener all use them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_reset.errors import ConfigError
+# resolve_device lives in lm.device; importable from here too, where the RL engine has always found it.
+from elastic_reset.lm.device import resolve_device as resolve_device
 
 NEG_INF = float("-inf")
 
@@ -35,7 +38,7 @@ class ResponseOutput:
     it gives V(s_t) for the state before token t. Only with ``return_hidden=True``."""
     logits: torch.Tensor | None = None
     """``[B, Tr, V]`` float32 logits (divided by T, masked if an action mask was given). Only with
-    ``return_logits=True``: at B=16, Tr=48 and a 49k vocabulary that is 150 MB."""
+    ``return_logits=True`` (B × Tr × V floats: large for a big vocabulary)."""
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -71,8 +74,8 @@ def contiguous_head_input(model) -> None:
 
     transformers slices the hidden states before the head (``logits_to_keep``: the response positions only); a
     sliced 3-D input is not contiguous, and ``F.linear`` then multiplies by the weight expanded per sequence, as a
-    batched matmul, instead of one matmul. SmolLM2's 49k-token head, forward + backward, 16 x 24 of 40 positions,
-    2 AVX2 threads: 0.88 s sliced against 0.59 s contiguous. The copy (B x T x hidden) is small next to the head.
+    batched matmul, instead of one matmul, which is slower for a large head (see BENCHMARKS.md). The copy
+    (B x T x hidden) is small next to the head.
     """
     head = model.get_output_embeddings()
     if head is None or getattr(head, "_contiguous_input_hook", False):
@@ -86,21 +89,6 @@ def device_of(model) -> torch.device:
         return next(model.parameters()).device
     except StopIteration:
         return torch.device("cpu")
-
-
-def resolve_device(setting: str, field: str = "model.device") -> torch.device:
-    """A device setting: ``auto`` is CUDA when present, else the CPU; a CUDA device on a machine without one is
-    refused (naming ``field``) rather than silently replaced."""
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(setting)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{field}: {setting!r} asked for, but this PyTorch sees no CUDA device")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{field}: {setting!r} asked for, but there are only "
-                              f"{torch.cuda.device_count()} CUDA device(s)")
-    return device
 
 
 def autocast(model, dtype: torch.dtype | None):
@@ -132,35 +120,88 @@ def check_query(model, query_ids: torch.Tensor, query_mask: torch.Tensor) -> Non
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)`` at ``token_ids``, position by position: ``[..., V]`` and ``[...]`` give ``[...]``.
 
-    One fused cross-entropy, forward and backward: on CPU at 16 x 32 x 49k it took 51 + 96 ms where logsumexp −
-    gather took 197 + 187 ms."""
+    One fused cross-entropy, forward and backward: several times faster than logsumexp − gather on a CPU (see
+    BENCHMARKS.md)."""
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, -2), token_ids.flatten(), reduction="none")
     return -nll.view_as(token_ids)
 
 
-def right_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists as one right-padded ``[B, T]`` batch and its attention mask."""
+def pad_rows(rows: list[list[int]], pad_token_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as one ``[B, T]`` batch padded on ``side`` (``right`` or ``left``) and its attention mask."""
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
+        span = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
     return ids, mask
 
 
-def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 64,
-                autocast_dtype: torch.dtype | None = None, return_logits: bool = False):
-    """Per-token NLL ``[B, T]`` of an encoder-decoder model's ``targets`` given ``sources``, teacher-forced, and the
-    mask of the scored tokens (the target's tokens and its EOS, as the tokenizer encodes them). Keeps the graph:
-    pretraining, the multitask loss and a learning reward (the Translation Game's listener) train through it.
-    With ``return_logits``, also the ``[B, T, V]`` logits (for label smoothing)."""
+def right_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as one right-padded ``[B, T]`` batch and its attention mask."""
+    return pad_rows(rows, pad_token_id, "right")
+
+
+def _decoder_batch(tokenizer, texts, max_tokens: int, prepend_bos: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder-only batch: ``[B, T]`` ids and attention mask, padded on the tokenizer's side."""
+    if isinstance(texts, torch.Tensor):  # a block of token ids, no padding
+        ids = texts.long()
+        return ids, torch.ones_like(ids)
+    if all(isinstance(t, str) for t in texts):
+        rows = tokenizer([t + tokenizer.eos_token for t in texts], truncation=True, max_length=max_tokens,
+                         add_special_tokens=False)["input_ids"]
+    elif all(isinstance(t, (list, tuple)) and all(isinstance(i, int) for i in t) for t in texts):
+        rows = [list(t) for t in texts]
+    else:
+        raise ValueError("texts: a decoder-only model scores strings or token-id lists")
+    if prepend_bos:
+        rows = [[tokenizer.bos_token_id, *row] for row in rows]
+    if tokenizer is None:
+        return pad_rows(rows, 0, "right")
+    return pad_rows(rows, tokenizer.pad_token_id, tokenizer.padding_side)
+
+
+def token_nll(model, tokenizer, texts, *, max_tokens: int = 128, autocast_dtype: torch.dtype | None = None,
+              prepend_bos: bool = False, return_logits: bool = False):
+    """Per-token NLL ``[B, T]`` of one batch, teacher-forced, and the ``[B, T]`` float mask of the scored tokens.
+    Keeps the graph (the multitask loss, pretraining and a learning reward train through it); with
+    ``return_logits``, also the ``[B, T, V]`` logits that predicted each token (for label smoothing).
+
+    Decoder-only models score ``texts``, each either a string or a list of token ids:
+
+    - a string is truncated to ``max_tokens`` tokens with an EOS after it (so the model is also scored on ending
+      it; the EOS is lost when the text is longer), no other special token; ``prepend_bos`` puts BOS first, so
+      that the first token is scored too (conditioned on BOS alone);
+    - token ids (a list per text, or one ``[B, T]`` tensor without padding) are scored as given.
+
+    Rows are padded on the tokenizer's side, positions come from the attention mask, and a token is scored when it
+    and its predecessor are real (the first token has no context).
+
+    Encoder-decoder models score ``texts`` as (source, target) pairs: the target's tokens and its EOS (as the
+    tokenizer encodes them, each side truncated to ``max_tokens``) given the source. The tokenizer must pad right.
+    """
+    if is_encoder_decoder(model):
+        return _seq2seq_token_nll(model, tokenizer, texts, max_tokens, autocast_dtype, return_logits)
+    ids, mask = (t.to(device_of(model)) for t in _decoder_batch(tokenizer, texts, max_tokens, prepend_bos))
+    with autocast(model, autocast_dtype):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    logits = logits[:, :-1]
+    nll = -token_logprobs(logits.float(), ids[:, 1:])
+    scored = (mask[:, 1:] * mask[:, :-1]).float()
+    return (nll * scored, scored, logits) if return_logits else (nll * scored, scored)
+
+
+def _seq2seq_token_nll(model, tokenizer, pairs, max_tokens: int, autocast_dtype, return_logits: bool):
+    if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+        raise ValueError("texts: an encoder-decoder model scores (source, target) pairs")
+    sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
     device = device_of(model)
     enc = tokenizer(sources, return_tensors="pt", padding=True, truncation=True, max_length=max_tokens).to(device)
     labels = tokenizer(text_target=targets, return_tensors="pt", padding=True, truncation=True,
                        max_length=max_tokens).to(device)
     if tokenizer.padding_side != "right":
-        raise ValueError("seq2seq_nll: expected a right-padding tokenizer (encoder-decoder inputs are right-padded)")
+        raise ValueError("token_nll: expected a right-padding tokenizer (encoder-decoder inputs are right-padded)")
     start = torch.full_like(labels.input_ids[:, :1], decoder_start_id(model))
     decoder_ids = torch.cat([start, labels.input_ids[:, :-1]], dim=1)
     with autocast(model, autocast_dtype):
@@ -171,9 +212,34 @@ def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max
     return (nll, mask, logits) if return_logits else (nll, mask)
 
 
+def sequence_nll(model, tokenizer, texts, *, batch_size: int | None = 16, max_tokens: int = 128,
+                 autocast_dtype: torch.dtype | None = None, prepend_bos: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL ``[N]`` (float32) and number of scored tokens ``[N]`` (long) of each of ``texts``, scored as
+    :func:`token_nll` does, ``batch_size`` at a time (None: one batch). Keeps the graph unless called under
+    ``no_grad``. Perplexity is ``exp(nll.sum() / tokens.sum())``."""
+    step = len(texts) if batch_size is None else batch_size
+    device = device_of(model)
+    sums, counts = [torch.zeros(0, device=device)], [torch.zeros(0, dtype=torch.long, device=device)]
+    for start in range(0, len(texts), max(step, 1)):
+        nll, scored = token_nll(model, tokenizer, texts[start:start + step], max_tokens=max_tokens,
+                                autocast_dtype=autocast_dtype, prepend_bos=prepend_bos)
+        sums.append(nll.sum(-1))
+        counts.append(scored.sum(-1).long())
+    return torch.cat(sums), torch.cat(counts)
+
+
+def seq2seq_nll(model, tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 64,
+                autocast_dtype: torch.dtype | None = None, return_logits: bool = False):
+    """:func:`token_nll` of an encoder-decoder model on the pairs ``zip(sources, targets)`` (kept for callers that
+    pass sources and targets apart)."""
+    return token_nll(model, tokenizer, list(zip(sources, targets)), max_tokens=max_tokens,
+                     autocast_dtype=autocast_dtype, return_logits=return_logits)
+
+
 def label_smoothed_loss(nll: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Mean per-token cross-entropy with label smoothing ε (the target gets 1 − ε, every token ε / V), from
-    :func:`seq2seq_nll`'s ``(nll, mask, logits)``: (1 − ε)·NLL + ε·(mean over the vocabulary of −log p)."""
+    :func:`token_nll`'s ``(nll, mask, logits)``: (1 − ε)·NLL + ε·(mean over the vocabulary of −log p)."""
     smooth = -torch.log_softmax(logits.float(), -1).mean(-1) * mask
     return ((1 - epsilon) * nll.sum() + epsilon * smooth.sum()) / mask.sum().clamp(min=1)
 
@@ -258,9 +324,9 @@ def forward_response(model, batch_or_query_ids, query_mask: torch.Tensor | None 
     entropy = None
     if compute_entropy:
         # H = lse − Σ p·z with p = exp(z − lse), the normaliser recovered from the log-prob: lse = z_token − log p.
-        # The dot product runs as a batched matmul. Every vocabulary-sized tensor is another 100 MB at 16 x 32 x 49k
-        # (on this CPU, freshly allocated memory of that size costs ~70 ms in page faults), so the detached
-        # default computes p in place, and only the entropy bonus (entropy_grad) pays for a differentiable one.
+        # The dot product runs as a batched matmul. Every vocabulary-sized tensor is a fresh allocation that costs
+        # page faults (BENCHMARKS.md, "The allocator"), so the detached default computes p in place, and only the
+        # entropy bonus (entropy_grad) pays for a differentiable one.
         with contextlib.nullcontext() if entropy_grad else torch.no_grad():
             z = logits if entropy_grad else logits.detach()
             lse = z.gather(-1, response_ids[..., None]).squeeze(-1) - (logprobs if entropy_grad else logprobs.detach())

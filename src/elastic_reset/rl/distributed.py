@@ -116,17 +116,20 @@ class DataParallel:
         return total / count
 
     def whiten(self, x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-        """:func:`elastic_reset.rl.ops.whiten` with the mean and unbiased variance of the whole batch."""
+        """:func:`elastic_reset.rl.ops.whiten` with the mean and unbiased variance of the whole batch: the global
+        mean first, then the global mean of squared deviations from it (two all-reduces; E[x²] − E[x]² would lose
+        the variance to cancellation when it is small next to the mean)."""
         from elastic_reset.rl import ops
 
         if not self.enabled:
             return ops.whiten(x, mask, eps=eps)
         m = mask > 0
         xf = torch.where(m, x.float(), 0.0)
-        total, squares, count = self.sum([float(xf.sum()), float((xf * xf).sum()), float(m.sum())])
+        total, count = self.sum([float(ops.masked_sum(xf, m)), float(m.sum())])
         mean = total / count
-        var = (squares - count * mean * mean) / max(count - 1.0, 1.0)
-        return torch.where(m, (xf - mean) * (var + eps) ** -0.5, 0.0)
+        (squares,) = self.sum([float(ops.masked_sum((xf - mean) ** 2, m))])
+        var = squares / max(count - 1.0, 1.0)
+        return ops.whiten_with(xf, m, mean, var, eps=eps)
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""

@@ -14,7 +14,9 @@ Conventions (shared by every function here):
   by the mask, so NaN/inf garbage in padded slots cannot leak (``nan * 0`` is ``nan``), and inputs are
   sanitised at padded slots before any ``exp`` so that gradients stay finite too.
 - Half-precision inputs (bf16/fp16) are upcast: every result here is at least fp32.
-- Errors are ``ValueError("<argument name>: <what is wrong>")``.
+- Errors are ``ValueError("<argument name>: <what is wrong>")``. Shapes, masks and values measured at run time
+  (a KL, a mean reward, a checkpoint's state) are checked here; settings (clip ranges, coefficients, decays, γ, λ,
+  RLOO's k) are not: the run config (``rl/config.py``) validated them before training started.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "token_rewards",
     "value_loss",
     "whiten",
+    "whiten_with",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -72,18 +75,6 @@ def _check_right_padded(mask: torch.Tensor) -> torch.Tensor:
     if m.shape[1] > 1 and bool((m[:, 1:] & ~m[:, :-1]).any()):
         raise ValueError("mask: expected right padding (1 ... 1 0 ... 0 per row); found a real token after padding")
     return m
-
-
-def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _check_unit_interval(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}: expected a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def _scalar(name: str, value: Any) -> float:
@@ -151,9 +142,23 @@ def whiten(
     _check_same_shape("mask", m, "x", x)
     # Zero the padding first: NaN there would otherwise reach the gradient through (x − μ)·s (0·NaN = NaN).
     xf = torch.where(m, _float(x), 0.0)
-    mean = masked_mean(xf, m)
-    var = masked_var(xf, m, unbiased=True)
-    out = (xf - mean) * torch.rsqrt(var + eps)
+    return whiten_with(xf, m, masked_mean(xf, m), masked_var(xf, m, unbiased=True), shift_mean, eps)
+
+
+def whiten_with(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    mean: torch.Tensor | float,
+    var: torch.Tensor | float,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """:func:`whiten` with a given mean μ and variance σ²: (x − μ) / sqrt(σ² + eps), plus μ if not ``shift_mean``,
+    0 at padding. The data-parallel whitening (``rl/distributed.py``) passes the whole batch's μ and σ²."""
+    _check_same_shape("mask", mask, "x", x)
+    m = _as_bool(mask)
+    xf = torch.where(m, _float(x), 0.0)
+    out = (xf - mean) * torch.rsqrt(torch.as_tensor(var + eps, dtype=xf.dtype, device=xf.device))
     if not shift_mean:
         out = out + mean
     # Padding gets 0 rather than a whitened garbage value, so a later unmasked op cannot pick it up by accident.
@@ -212,12 +217,9 @@ class AdaptiveKLController(_KLController):
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: float) -> None:
-        if (isinstance(init_kl_coef, bool) or not isinstance(init_kl_coef, (int, float))
-                or not math.isfinite(init_kl_coef) or init_kl_coef < 0):
-            raise ValueError(f"init_kl_coef: expected a finite number >= 0, got {init_kl_coef!r}")
         self.value = float(init_kl_coef)
-        self.target = _check_positive("target", target)
-        self.horizon = _check_positive("horizon", horizon)
+        self.target = float(target)
+        self.horizon = float(horizon)
 
     def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
         """Move β towards the KL target; returns the new β."""
@@ -236,9 +238,6 @@ class FixedKLController(_KLController):
     """A constant KL coefficient β with :class:`AdaptiveKLController`'s interface (``update`` does nothing)."""
 
     def __init__(self, kl_coef: float) -> None:
-        if (isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float))
-                or not math.isfinite(kl_coef) or kl_coef < 0):
-            raise ValueError(f"kl_coef: expected a finite number >= 0, got {kl_coef!r}")
         self.value = float(kl_coef)
 
     def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
@@ -298,8 +297,6 @@ def gae(
     m = _check_right_padded(mask)
     _check_same_shape("rewards", rewards, "mask", mask)
     _check_same_shape("values", values, "mask", mask)
-    gamma = _check_unit_interval("gamma", gamma)
-    lam = _check_unit_interval("lam", lam)
     dtype = torch.promote_types(_float(rewards).dtype, _float(values).dtype)
     # Zero the padded slots first: a padded V_{t+1} is then exactly the terminal value 0, and garbage (even NaN)
     # in padding cannot reach a real token.
@@ -339,7 +336,6 @@ def ppo_policy_loss(
     ``approx_kl``: mean_{mask} of k3 = (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π_θ) (CleanRL's);
     ``ratio_mean``: mean_{mask} ρ.
     """
-    clip_range = _check_positive("clip_range", clip_range)
     _check_same_shape("old_logp", old_logp, "logp", logp)
     _check_same_shape("advantages", advantages, "logp", logp)
     _check_same_shape("mask", mask, "logp", logp)
@@ -386,7 +382,7 @@ def value_loss(
     if clip_range_value is None:
         loss = 0.5 * masked_mean(losses, m)
         return loss, {"vf_clipfrac": torch.zeros((), dtype=loss.dtype, device=loss.device)}
-    eps = _check_positive("clip_range_value", clip_range_value)
+    eps = float(clip_range_value)
     v_old = torch.where(m, _float(old_values).detach(), 0.0)
     v_clipped = v_old + torch.clamp(v - v_old, -eps, eps)
     losses_clipped = (v_clipped - target) ** 2
@@ -406,8 +402,6 @@ def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     ``scores`` is ``[B]`` with B = n_prompts·k and the k samples of each prompt CONTIGUOUS (as produced by
     ``prompts.repeat_interleave(k, dim=0)``). The baseline of a sample excludes it, so it is unbiased.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ValueError(f"k: expected an integer >= 2 (samples per prompt; RLOO needs another sample), got {k!r}")
     if scores.dim() != 1:
         raise ValueError(f"scores: expected a 1-D tensor [n_prompts * k], got shape {tuple(scores.shape)}")
     if scores.shape[0] % k != 0:
@@ -430,8 +424,6 @@ class MovingAverageBaseline:
     """
 
     def __init__(self, decay: float = 0.9) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
         self.decay = float(decay)
         self.value: float | None = None
         self.num_updates = 0

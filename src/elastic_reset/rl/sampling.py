@@ -116,8 +116,8 @@ def top_p_set(logits: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
     probability reaches ``top_p``, at least ``min_tokens_to_keep`` of them. Same set as Hugging Face's
     ``TopPLogitsWarper``: a token is kept iff the mass of the strictly more likely tokens is < ``top_p``.
 
-    Computed from ``torch.topk`` of a growing k (256, then x8) rather than a full sort: on CPU sorting a 49k
-    vocabulary for 16 rows takes ~60 ms, the top 256 ~3 ms, and a nucleus rarely needs more.
+    Computed from ``torch.topk`` of a growing k (256, then x8) rather than a full sort: on a CPU a full sort of a
+    large vocabulary costs far more than its top 256, and a nucleus rarely needs more.
     """
     vocab = logits.shape[-1]
     if top_p >= 1.0:
@@ -148,9 +148,9 @@ def top_p_filter(scores: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1
 def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """``[B]`` token ids drawn from ``softmax(scores)`` (−inf = never) by inverse-CDF sampling: one uniform per row
     from ``generator``, searched in the cumulative distribution. The same distribution as ``torch.multinomial(probs,
-    1)`` and reproducible from the generator, but ~10x faster on CPU for a 49k vocabulary (~1.5 ms instead of 16 ms
-    per 16-row step). A zero-probability token is never drawn: the CDF is flat across it and the search is
-    right-sided; a uniform that rounds up to the total picks the last token of positive probability."""
+    1)`` and reproducible from the generator, but much faster on a CPU for a large vocabulary. A zero-probability
+    token is never drawn: the CDF is flat across it and the search is right-sided; a uniform that rounds up to the
+    total picks the last token of positive probability."""
     probs = torch.softmax(scores.float(), dim=-1)
     cdf = probs.cumsum(dim=-1)
     total = cdf[..., -1:].contiguous()
@@ -167,9 +167,9 @@ def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None =
 
 def _preallocated_cache(model, capacity: int):
     """A ``DynamicCache`` whose layers write into buffers of ``capacity`` positions allocated at the prefill, so a
-    decoding step copies one position in instead of concatenating the whole cache (the concatenations were ~4 % of
-    a SmolLM2 rollout). None, so that the model builds its own cache, where a layer is not a plain full-attention
-    ``DynamicLayer`` (sliding windows, other cache types) or transformers lacks the API."""
+    decoding step copies one position in instead of concatenating the whole cache (see BENCHMARKS.md). None, so
+    that the model builds its own cache, where a layer is not a plain full-attention ``DynamicLayer`` (sliding
+    windows, other cache types) or transformers lacks the API."""
     try:
         from transformers.cache_utils import DynamicCache, DynamicLayer
     except ImportError:  # pragma: no cover
@@ -384,8 +384,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             steps = t + 1
             if config.stop_at_eos and eos is not None:
                 finished = finished | (active & torch.isin(next_tokens, eos))
-                # The early exit reads `finished` on the host: on a GPU that sync stalls the launch queue, ~5 of
-                # 50 ms per token on an H100 (BENCHMARKS.md, issue 13). While EOS is suppressed nothing can finish.
+                # Reading `finished` on the host stalls a GPU's launch queue (BENCHMARKS.md, issue 13): skip it while
+                # EOS is suppressed, since nothing can finish then.
                 if not suppress_eos and bool(finished.all()):
                     break
             if steps == max_new:

@@ -1,0 +1,46 @@
+"""Where a model runs and in which precision: the one place that asks the hardware.
+
+:func:`resolve_device` turns a device setting into a ``torch.device``; :func:`native_bf16` says whether a device
+computes bf16 natively; :func:`autocast_dtype` turns an autocast setting into the dtype to autocast to (or None).
+The RL engine, the reward classifier and the pretraining builders all go through these.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_reset.errors import ConfigError
+
+
+def resolve_device(setting: str | torch.device | None = "auto", field: str = "model.device") -> torch.device:
+    """A device setting: ``auto`` (or None) is CUDA when present, else the CPU; a CUDA device on a machine without
+    one is refused (naming ``field``) rather than silently replaced."""
+    if setting is None or setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{field}: {str(setting)!r} asked for, but this PyTorch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{field}: {str(setting)!r} asked for, but there are only "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bf16 natively: a CUDA GPU with bf16, or a CPU with AVX-512 BF16 / AMX. On an
+    AVX2-only CPU bf16 is emulated and slower than fp32 (see BENCHMARKS.md)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return kind == "cpu" and torch.cpu._is_avx512_bf16_supported()
+
+
+def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dtype | None:
+    """The autocast dtype of a setting: ``bf16``, ``none`` (None: fp32), or ``auto``: bf16 where the device has it
+    natively (:func:`native_bf16`), else None."""
+    if setting == "bf16":
+        return torch.bfloat16
+    if setting == "none":
+        return None
+    return torch.bfloat16 if native_bf16(device) else None
