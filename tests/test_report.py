@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -387,3 +389,87 @@ def test_a_run_is_reported_by_its_task_score_and_drift_unless_told_otherwise(tmp
     (run_dir / "task.json").write_text('{"name": "translation_game"}')
     with pytest.raises(ReportError, match="task.json.*score"):
         load_run(run_dir)
+
+
+# ------------------------------------------------------------------------------------- damaged run files
+def damage_metrics_encoding(run_dir: Path) -> None:
+    lines = (run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    lines[1] = b'{"step": 2, "reward": "\xff\xfe"}\n'
+    (run_dir / "metrics.jsonl").write_bytes(b"".join(lines))
+
+
+def damage_metrics_value(run_dir: Path) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 10, "eval/reward": "high", "eval/perplexity": 1.0}) + "\n")
+
+
+DAMAGES = {
+    "metrics.jsonl not UTF-8": (damage_metrics_encoding, "metrics.jsonl:2: not UTF-8 text"),
+    "metrics.jsonl value not a number": (damage_metrics_value, "metrics.jsonl: the record of step 10 has "
+                                                               "eval/reward = 'high', not a number"),
+    "config.yaml not UTF-8": (lambda d: (d / "config.yaml").write_bytes(b"seed: 0\nmethod: {name: \xe9}\n"),
+                              "config.yaml: not UTF-8 text"),
+    "config.yaml not YAML": (lambda d: (d / "config.yaml").write_text("seed: [0\n"), "config.yaml: not valid YAML"),
+    "config.yaml not a mapping": (lambda d: (d / "config.yaml").write_text("- 1\n"),
+                                  "config.yaml: expected a YAML mapping"),
+    "config.yaml seed not an integer": (lambda d: (d / "config.yaml").write_text("seed: one\n"),
+                                        "config.yaml: seed: expected an integer"),
+    "config.yaml method not a mapping": (lambda d: (d / "config.yaml").write_text("method: kl\n"),
+                                         "config.yaml: method: expected a mapping"),
+    "task.json not UTF-8": (lambda d: (d / "task.json").write_bytes(b'{"score": "\xff"}'),
+                            'task.json: expected a JSON object with "score" and "drift"'),
+    "task.json not JSON": (lambda d: (d / "task.json").write_text('{"score": '),
+                           'task.json: expected a JSON object with "score" and "drift"'),
+    "label not UTF-8": (lambda d: (d / "label").write_bytes(b"\xffkl\n"), "label: not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_pareto_names_a_damaged_run_file_in_one_line(fake_runs, tmp_path, capsys, damage):
+    make, needle = DAMAGES[damage]
+    run_dir = fake_runs / "good" / "seed1"
+    make(run_dir)
+    assert main(["pareto", str(fake_runs), "--out", str(tmp_path / "fig.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"elastic-reset: error: {run_dir}/") and needle in err and len(err.splitlines()) == 1
+
+
+def test_pareto_reads_no_summary_or_done_marker_so_damaged_ones_do_not_matter(fake_runs, tmp_path, capsys):
+    (fake_runs / "summary.json").write_bytes(b"\xff\xfe not json")
+    for run_dir in fake_runs.glob("*/seed*"):
+        (run_dir / "done").write_bytes(b"\xff{")
+    assert main(["pareto", str(fake_runs), "--out", str(tmp_path / "fig.png")]) == 0
+    assert "Final evaluation" in capsys.readouterr().out
+
+
+def test_compare_over_damaged_done_markers_and_summary_trusts_the_checkpoints(grid, tmp_path, monkeypatch, capsys):
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    copy = tmp_path / "grid"
+    shutil.copytree(grid, copy)
+    (copy / "summary.json").write_bytes(b"\xff\xfe not json")
+    for method, seed in RUNS:
+        (copy / method / f"seed{seed}" / "done").write_bytes(b"\xff{")
+    monkeypatch.setattr(RLTrainer, "__init__", no_training)
+    assert main(compare_argv(copy)) == 0
+    assert {r["action"] for r in json.loads((copy / "summary.json").read_text())["runs"]} == {"skipped"}
+
+
+# ------------------------------------------------------------------------------- NaN in a final evaluation
+def test_a_nan_final_evaluation_is_tabled_as_n_a_with_a_warning_naming_run_step_and_metric(fake_runs, tmp_path,
+                                                                                        capsys):
+    from elastic_reset.evaluation.summary import NonFiniteResultWarning
+
+    run_dir = fake_runs / "bad" / "seed1"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records[-1]["eval/perplexity"] = float("nan")  # the last evaluation, step 8
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.warns(NonFiniteResultWarning, match=rf"^{re.escape(str(run_dir))}: the final evaluation \(step 8\) "
+                                                    r"has eval/perplexity = nan; the table shows n/a for the mean "
+                                                    "of 'kl'") as caught:
+        assert main(["pareto", str(fake_runs), "--out", str(tmp_path / "fig.png")]) == 0
+    assert len([w for w in caught if issubclass(w.category, NonFiniteResultWarning)]) == 1
+    table = capsys.readouterr().out.split("Final evaluation")[1]
+    kl_row = next(line for line in table.splitlines() if line.startswith("kl "))
+    assert kl_row.rstrip().endswith("n/a")

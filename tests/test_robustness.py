@@ -20,41 +20,15 @@ from elastic_reset.errors import ConfigError, NonFiniteError, ReportError, RunFi
 from elastic_reset.io import read_metrics, write_pointer
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import list_checkpoints, load_latest
-from elastic_reset.rl.config import config_from_dict
 from elastic_reset.rl.trainer import RLTrainer
+from helpers import RUN_SETTINGS as SETTINGS
+from helpers import TINY, step_file, without_times
+from helpers import run_config as cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-STEPS = 4
-# 4 iterations, a checkpoint at 2 and 4 (both kept), evaluations at 0, 2 and 4.
-SETTINGS = [f"steps={STEPS}", "checkpoint_every=2", "eval.every=2", "progress=false"]
+STEPS = 4  # helpers.RUN_SETTINGS' steps
 
 
-def cfg(*overrides: str):
-    return config_from_dict(yaml.safe_load(TINY.read_text()), [*SETTINGS, *overrides])
-
-
-def without_times(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
-
-
-def step_file(run: Path, step: int) -> Path:
-    return run / "checkpoints" / f"step_{step:07d}.pt"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """One uninterrupted run, trained once; each test damages its own copy."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    RLTrainer(cfg(), run).train()
-    return run
-
-
-@pytest.fixture
-def run(finished, tmp_path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(finished, copy)
-    return copy
 
 
 def resume(run: Path, *overrides: str) -> list[dict]:
@@ -346,3 +320,129 @@ def test_compare_cell_without_latest_pointer_is_resumed_not_retrained(tmp_path):
         action = train_cell(cell, log=lambda line: None)
     after = [r for r in read_metrics(cell.run_dir / "metrics.jsonl") if r["step"] <= 2]
     assert action == "resumed" and after == before  # records up to step 2 kept, timings included: not retrained
+
+
+# ------------------------------------------------------------------------------------------ refused inputs (CLI)
+# A config or command that used to hang, load something else, or end in a traceback: one line naming the file or
+# key, exit status 2, and no run directory.
+import errno  # noqa: E402 (this section's own import, kept with it)
+
+TINY_TEXT = TINY.read_text()
+LINES = TINY_TEXT.splitlines()
+TASK_LINE, END_LINE = LINES.index("task:") + 1, len(LINES) + 1  # where an option, and a line added, go
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))  # 9^9 strings
+DEEP = "    x: " + "[" * 5000 + "]" * 5000 + "\n"
+BAD_CONFIGS = {  # the file's text, --set items, what the one line says
+    "alias-bomb": (TINY_TEXT + LAUGHS, [], f"config.yaml, line {END_LINE}: a: YAML anchors and aliases (&a) are not "
+                   "allowed"),
+    "deep-list": (TINY_TEXT.replace("task:\n", "task:\n  options:\n" + DEEP), [],
+                  f"config.yaml, line {TASK_LINE + 2}: task.options: nested deeper than 32 levels"),
+    "non-utf8": (TINY_TEXT.encode() + b"# caf\xe9\n", [],
+                 f"config.yaml: not UTF-8 text (byte 0xe9 at line {END_LINE})"),
+    "octal": (TINY_TEXT.replace("seed: 0\n", "seed: 010\n"), [],
+              f"config.yaml, line {LINES.index('seed: 0') + 1}: seed: 010 has a leading zero"),
+    "empty": ("# settings to come\n", [], "config.yaml: empty config; "),
+    "duplicate": (TINY_TEXT + "steps: 2\n", [],
+                  f"config.yaml, line {END_LINE}: steps: duplicate key (first at line {LINES.index('steps: 6') + 1})"),
+    "seed": (TINY_TEXT.replace("seed: 0\n", f"seed: {2**63}\n"), [], "seed: expected an integer <= "),
+    "tiny-width": (TINY_TEXT.replace("  name: tiny-llama\n", "  name: tiny-llama\n  tiny_hidden: 30\n"), [],
+                   "model.tiny_hidden: tiny-llama has 4 attention heads of an even size (rotary embeddings), so it "
+                   "must be a multiple of 8, got 30"),
+    "lora-targets": (TINY_TEXT, ["model.lora.target_modules=[qproj]"], "model.lora.target_modules: ['qproj'] matches "
+                     "no module of 'tiny-llama'; its layers include embed_tokens, q_proj, k_proj, v_proj, o_proj"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_refused_config_is_one_cli_line_naming_the_file_or_key(tmp_path, capsys, case):
+    text, overrides, named = BAD_CONFIGS[case]
+    config = tmp_path / "config.yaml"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path / "run"
+    sets = [arg for item in [*SETTINGS[:1], *overrides] for arg in ("--set", item)]
+    code = main(["train", str(config), "--out", str(out), *sets])
+    err = capsys.readouterr().err
+    assert (code, err.count("\n")) == (2, 1), err
+    assert err.startswith("elastic-reset: error: ") and named in err, err
+    assert not out.exists()
+
+
+def test_lora_targets_matching_nothing_are_refused_naming_the_key():
+    from elastic_reset.rl.policy import load_model_and_tokenizer
+
+    config = cfg("model.name=tiny-gpt2", "model.lora.target_modules=[q_proj, v_proj]")
+    with pytest.raises(ConfigError) as err:
+        load_model_and_tokenizer(config.model)
+    assert str(err.value) == ("model.lora.target_modules: ['q_proj', 'v_proj'] matches no module of 'tiny-gpt2'; its "
+                              "layers include wte, wpe, c_attn, c_proj, c_fc, lm_head")
+
+
+def test_lora_targets_matching_some_modules_still_load():
+    from elastic_reset.rl.policy import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(cfg("model.lora.target_modules=[v_proj, c_attn]").model)
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trained and all(".v_proj.lora_" in n for n in trained)  # as before: peft skips a target it cannot find
+
+
+def test_a_run_at_the_largest_seed_trains_and_evaluates(tmp_path):
+    from elastic_reset.rl.config import MAX_SEED
+
+    records = RLTrainer(cfg(f"seed={MAX_SEED}", "steps=1", "eval.every=1"), tmp_path / "run").train()
+    assert [r["step"] for r in records if "reward" in r] == [1]
+
+
+def _raise(error: BaseException):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+# Where each command spends its time, replaced by a Ctrl-C.
+INTERRUPTED = {
+    "train": ("elastic_reset.rl.trainer.RLTrainer.train", lambda tmp: ["train", TINY, "--out", tmp / "run"]),
+    "compare": ("elastic_reset.compare.run_grid",
+                lambda tmp: ["compare", TINY, "--out", tmp / "grid", "--methods", "kl", "--seeds", "1"]),
+    "pareto": ("elastic_reset.evaluation.runs.find_run_dirs", lambda tmp: ["pareto", tmp, "--out", tmp / "p.png"]),
+}
+
+
+@pytest.mark.parametrize("command", list(INTERRUPTED))
+def test_ctrl_c_is_one_line_and_exit_status_130(tmp_path, monkeypatch, capsys, command):
+    target, args = INTERRUPTED[command]
+    monkeypatch.setattr(target, _raise(KeyboardInterrupt()))
+    try:
+        code = main([str(a) for a in args(tmp_path)])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left main as a KeyboardInterrupt traceback")
+    assert (code, capsys.readouterr().err) == (130, "elastic-reset: interrupted\n")
+
+
+def test_ctrl_c_with_debug_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setattr("elastic_reset.evaluation.runs.find_run_dirs", _raise(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        main(["--debug", "pareto", str(tmp_path), "--out", str(tmp_path / "p.png")])
+
+
+def test_out_below_a_file_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "run"
+    assert main(["train", str(TINY), "--out", str(out), "--set", "steps=1"]) == 2
+    assert capsys.readouterr().err == f"elastic-reset: error: {out}: Not a directory\n"
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.ENOSPC], ids=errno.errorcode.get)
+def test_os_error_on_a_file_is_one_line_naming_it_and_the_reason(tmp_path, monkeypatch, capsys, code):
+    target = tmp_path / "run" / "config.yaml"
+    monkeypatch.setattr("elastic_reset.rl.trainer.RLTrainer", _raise(OSError(code, os.strerror(code), str(target))))
+    assert main(["train", str(TINY), "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"elastic-reset: error: {target}: {os.strerror(code)}\n"
+
+
+def test_os_error_with_debug_shows_the_traceback(tmp_path, monkeypatch):
+    error = OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "run"))
+    monkeypatch.setattr("elastic_reset.rl.trainer.RLTrainer", _raise(error))
+    with pytest.raises(OSError) as caught:
+        main(["--debug", "train", str(TINY), "--out", str(tmp_path / "run")])
+    assert caught.value is error

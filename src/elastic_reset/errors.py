@@ -32,3 +32,7 @@ class RunRecoveryWarning(UserWarning):
 
 class DataFileError(ElasticResetError, ValueError):
     """An input data file is missing fields or malformed. The message names the file and line."""
+
+
+class DirectoryInUseError(ElasticResetError, RuntimeError):
+    """Another live process holds the lock of a run or grid directory. The message names it and its PID."""

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from elastic_reset.errors import RunFileError
+from elastic_reset.errors import RunFileError, RunRecoveryWarning
 
 # Every temporary name starts with "." and contains this marker, so stale ones can be found (and only they).
 _TMP = ".tmp-"
@@ -83,19 +85,70 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
     return stale
 
 
+# -------------------------------------------------------------------------------------------- regular files
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def _kind(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def not_regular(path: str | Path) -> str | None:
+    """What ``path`` is when it is not a regular file (``"a FIFO"``, ``"a symbolic link to a character device"``,
+    ...); None for a regular file or a symbolic link to one. Raises FileNotFoundError when nothing is there."""
+    kind = _kind(os.lstat(path).st_mode)
+    if kind != "a symbolic link":
+        return kind
+    try:
+        target = _kind(os.stat(path).st_mode)
+    except OSError:
+        return "a broken symbolic link"
+    return None if target is None else f"a symbolic link to {target}"
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file; else :class:`RunFileError` naming what it is.
+    Reading a FIFO (or a device) named like a run's file would block forever or never end, so it is never read."""
+    kind = not_regular(path)
+    if kind is None:
+        # Non-blocking, and checked again on the open file: something swapped in since the check cannot hang us.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            kind = _kind(os.fstat(fd).st_mode)
+            if kind is None:
+                os.set_blocking(fd, True)
+                return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise RunFileError(f"{path}: expected a regular file, found {kind}; move it out of the way")
+
+
 # -------------------------------------------------------------------------------------------- metrics.jsonl
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``. A torn *last* line is what a crash (or a run still being written)
     leaves, and is skipped; a bad line anywhere else means the file was damaged, and raises naming the line."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    with open_regular(path) as f:
+        lines = f.read().splitlines()
     records = []
-    for i, line in enumerate(lines, start=1):
+    for i, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            if i == len(lines):
+                break
+            raise RunFileError(f"{path}:{i}: not UTF-8 text (the file is damaged; restore it from a copy, or "
+                               "start the run again in a new directory)") from None
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             if i == len(lines):
                 break
             raise RunFileError(f"{path}:{i}: not a JSON record (the file is damaged; restore it from a copy, or "
@@ -151,9 +204,87 @@ def read_pointer(folder: str | Path) -> str | None:
     """The file name ``folder/latest`` points to, if the pointer exists and the file it names does; else None."""
     pointer = Path(folder) / POINTER
     try:
-        name = pointer.read_text(encoding="utf-8").strip()
+        with open_regular(pointer) as f:
+            name = f.read().decode("utf-8").strip()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
-    if not name or "/" in name or not (pointer.parent / name).is_file():
+    except RunFileError as err:  # a FIFO or a directory named latest: never read, and said so
+        warnings.warn(f"{err}; ignoring it", RunRecoveryWarning, stacklevel=2)
         return None
-    return name
+    if not name or "/" in name or "\0" in name:
+        return None
+    try:
+        return name if not_regular(pointer.parent / name) is None else None
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------- directory locks
+LOCK = ".lock"
+
+
+class DirectoryLock:
+    """An exclusive lock on a run or grid directory: ``DIR/.lock``, held with ``flock`` and naming its holder's PID.
+
+    A second writer (another process, or a second trainer in this one) is refused with
+    :class:`DirectoryInUseError` naming the holder. The kernel drops a ``flock`` when its holder dies, however it
+    dies, so a lock file left by a killed process is taken over, with a warning naming that process.
+    """
+
+    def __init__(self, folder: str | Path, what: str = "run"):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+        import warnings
+
+        from elastic_reset.errors import DirectoryInUseError, RunRecoveryWarning
+
+        while self._fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise DirectoryInUseError(
+                    f"{self.folder}: in use by another {self.what} (process {holder or 'unknown'}, lock file "
+                    f"{self.path}); wait for it to finish, or stop it first") from None
+            # The holder we waited on may have removed the file as it released it: lock the file at the path.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            stale = _read_pid(fd)
+            if stale is not None and stale != os.getpid():
+                warnings.warn(f"{self.path}: process {stale} was killed while it held this {self.what}; taking "
+                              "its lock over", RunRecoveryWarning, stacklevel=3)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._fd = fd
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent)."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+    def __enter__(self) -> "DirectoryLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from elastic_reset.errors import ReportError
+from elastic_reset.errors import ReportError, RunFileError
 from elastic_reset.io import read_metrics
 
 
@@ -102,11 +102,45 @@ def task_metrics(run_dir: str | Path) -> tuple[str, str]:
     if not path.is_file():
         return "reward", "perplexity"
     try:
-        task = json.loads(path.read_text())
+        task = json.loads(path.read_text(encoding="utf-8"))
         return str(task["score"]), str(task["drift"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ReportError(f"{path}: expected a JSON object with \"score\" and \"drift\" ({e!r}); pass --score and "
-                          "--drift instead") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # ValueError: not UTF-8, or not JSON
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:120]
+        raise ReportError(f"{path}: expected a JSON object with \"score\" and \"drift\" ({reason}); pass --score "
+                          "and --drift instead") from None
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{path}: not UTF-8 text (byte {e.start}); expected {what}") from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.yaml`` as a mapping, its ``seed``, ``steps`` and ``method.name`` of the expected types; a
+    damaged one is a one-line error naming it."""
+    try:
+        config = yaml.safe_load(_read_text(path, "the run's YAML config")) or {}
+    except yaml.YAMLError as e:
+        raise RunFileError(f"{path}: not valid YAML ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(config, dict):
+        raise RunFileError(f"{path}: expected a YAML mapping (the run's config), got a {type(config).__name__}")
+    for key in ("seed", "steps"):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RunFileError(f"{path}: {key}: expected an integer, got {value!r}")
+    method = config.get("method")
+    if method is not None and (not isinstance(method, dict) or not isinstance(method.get("name") or "", str)):
+        raise RunFileError(f"{path}: method: expected a mapping with a string name, got {method!r}")
+    return config
+
+
+def _number(value: Any, path: Path, step: Any, key: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RunFileError(f"{path}: the record of step {step} has {key} = {value!r}, not a number") from None
 
 
 def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | None = None,
@@ -142,11 +176,11 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | Non
     config_path = run_dir / "config.yaml"
     config: dict[str, Any] = {}
     if config_path.is_file():
-        config = yaml.safe_load(config_path.read_text()) or {}
+        config = _read_config(config_path)
     elif method is None:
         raise ReportError(f"{config_path}: not found, so the run's method is unknown (name it explicitly)")
     if method is None and (run_dir / LABEL_FILE).is_file():
-        method = (run_dir / LABEL_FILE).read_text().strip() or None
+        method = _read_text(run_dir / LABEL_FILE, "the run's group name").strip() or None
     if method is None:
         method = (config.get("method") or {}).get("name")
         if not method:
@@ -168,12 +202,14 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | Non
     test = None
     for r in records:
         if f"test/{score}" in r and f"test/{metric.key}" in r:
-            test = (float(r[f"test/{score}"]), float(r[f"test/{metric.key}"]))
+            test = (_number(r[f"test/{score}"], metrics_path, r["step"], f"test/{score}"),
+                    _number(r[f"test/{metric.key}"], metrics_path, r["step"], f"test/{metric.key}"))
         if reward_key in r:
             if drift_key not in r:
                 raise ReportError(f"{metrics_path}: the evaluation record of step {r.get('step')} has "
                                   f"{reward_key} but no {drift_key}")
-            evals[int(r["step"])] = (float(r[reward_key]), float(r[drift_key]))
+            evals[int(r["step"])] = (_number(r[reward_key], metrics_path, r["step"], reward_key),
+                                     _number(r[drift_key], metrics_path, r["step"], drift_key))
         elif isinstance(r.get("reset"), dict):
             resets.add(int(r["step"]))
     if not evals:

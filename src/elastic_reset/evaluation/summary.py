@@ -9,6 +9,7 @@ are in :mod:`elastic_reset.evaluation.figures`.
 from __future__ import annotations
 
 import math
+import warnings
 from itertools import combinations
 from typing import Any
 
@@ -19,6 +20,24 @@ from elastic_reset.evaluation.runs import DRIFTS, SCORES, Run, check_groups, gro
 
 # Enough levels that the step-shaped frontier reads as one; fine for any number of evaluations.
 N_LEVELS = 100
+
+
+class NonFiniteResultWarning(UserWarning):
+    """A run's final (or test) evaluation holds NaN or an infinity: its method's mean in the table reads n/a."""
+
+
+def _warn_non_finite(run: Run, test: bool) -> None:
+    """Say which run, step and metric make a table cell n/a (the table alone cannot)."""
+    values = [(f"final evaluation (step {int(run.steps[-1])})", f"{run.source}/{run.score}", run.rewards[-1]),
+              (f"final evaluation (step {int(run.steps[-1])})", f"{run.source}/{DRIFTS[run.drift].key}",
+               run.drifts[-1])]
+    if test and run.test is not None:
+        values += [("test evaluation", f"test/{run.score}", run.test[0]),
+                   ("test evaluation", f"test/{DRIFTS[run.drift].key}", run.test[1])]
+    for where, key, value in values:
+        if not math.isfinite(value):
+            warnings.warn(f"{run.path}: the {where} has {key} = {value}; the table shows n/a for the mean of "
+                          f"{run.method!r}", NonFiniteResultWarning, stacklevel=3)
 
 
 def method_frontiers(groups: dict[str, list[Run]], n_levels: int = N_LEVELS) -> dict[str, Frontier]:
@@ -94,6 +113,8 @@ def summarize(groups: dict[str, list[Run]]) -> dict[str, Any]:
     frontiers = method_frontiers(groups)
     methods = {}
     for name, runs in groups.items():
+        for run in runs:
+            _warn_non_finite(run, test=all(r.test is not None for r in runs))
         reward_mean, reward_se = mean_and_se(np.array([r.rewards[-1] for r in runs]))
         drift_mean, drift_se = mean_and_se(np.array([r.drifts[-1] for r in runs]))
         methods[name] = {

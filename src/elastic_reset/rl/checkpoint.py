@@ -4,10 +4,17 @@
 :mod:`elastic_reset.io`), so a crash at any moment leaves a loadable checkpoint. If the pointer or the newest file
 is damaged anyway (a disk fault, a hand edit), :func:`load_latest` falls back to the newest file that loads and
 says so; it never pretends a run has no checkpoint when it has files.
+
+A checkpoint is loaded with ``weights_only=True``: tensors and plain data only, never arbitrary pickled objects, so
+a file planted in a run directory cannot run code on ``--resume`` or ``compare``. Only regular files are read as
+checkpoints (a FIFO named like one would block forever).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -16,7 +23,7 @@ from typing import Any
 import torch
 
 from elastic_reset.errors import RunRecoveryWarning
-from elastic_reset.io import RunFileError, atomic_write, read_pointer, write_pointer
+from elastic_reset.io import RunFileError, atomic_write, not_regular, open_regular, read_pointer, write_pointer
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
@@ -32,23 +39,84 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's checkpoint files, oldest first."""
+def _scan(run_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(the regular checkpoint files, oldest first; the other entries named like one, with what they are)."""
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
-        return []
-    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=checkpoint_step)
+        return [], []
+    files, others = [], []
+    for path in sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=checkpoint_step):
+        try:
+            kind = not_regular(path)
+        except FileNotFoundError:  # removed since the listing (an old checkpoint pruned by a save)
+            continue
+        if kind is None:
+            files.append(path)
+        else:
+            others.append((path, kind))
+    return files, others
+
+
+def _warn_not_regular(others: list[tuple[Path, str]]) -> None:
+    for path, kind in others:
+        warnings.warn(f"{path}: {kind}, not a regular file: not read as a checkpoint, left alone",
+                      RunRecoveryWarning, stacklevel=3)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoint files, oldest first: regular files (or links to one) only. Anything else named like a
+    checkpoint (a FIFO, a directory, a link to a device) is never opened; a warning names it."""
+    files, others = _scan(run_dir)
+    _warn_not_regular(others)
+    return files
+
+
+def _write_failure(err: BaseException) -> str:
+    """The OS's reason a write failed, in one line: the first OSError of the exception chain, else the message."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return f"[Errno {seen.errno}] {os.strerror(seen.errno)}"
+        seen = seen.__cause__ or seen.__context__
+    return " ".join(str(err).split())[:200] or type(err).__name__
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     folder = checkpoint_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:07d}.pt"
-    atomic_write(path, lambda f: torch.save(state, f))
-    write_pointer(folder, path.name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: torch.save(state, f))  # a failed write removes its temporary file
+        write_pointer(folder, path.name)
+    except (OSError, RuntimeError) as err:  # torch.save can report a failed write as a RuntimeError
+        reason = _write_failure(err)
+        full = os.strerror(errno.ENOSPC) in reason
+        raise RunFileError(f"{path}: the checkpoint could not be written ({reason}); "
+                           + ("free space on that disk, then " if full else "")
+                           + "continue the run with --resume from its last checkpoint") from err
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _load_failure(err: Exception) -> tuple[str, str]:
+    """(a short reason for the error list, a one-line reason for the warning) of a checkpoint that does not load."""
+    text = " ".join(str(err).split())
+    if isinstance(err, pickle.UnpicklingError) and text.startswith("Weights only load failed"):
+        # torch's message would suggest allow-listing the object, the opposite of what is safe here: say what it is.
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            return (f"refused: it holds a pickled {found.group(1)}",
+                    f"it holds a pickled object ({found.group(1)}), not only tensors and plain data; refused "
+                    "without running it")
+        return "not a checkpoint", "not a file torch.save wrote, or a damaged one"
+    return type(err).__name__, text[:200]
+
+
+def _read(path: Path) -> Any:
+    with open_regular(path) as f:
+        # Tensors and plain data only: unpickling anything else could run code planted in the file.
+        return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def latest_step(run_dir: Path) -> int | None:
@@ -66,22 +134,25 @@ def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 
     The pointer's file is tried first. A missing or dangling pointer, or a file that does not load, is reported
     with a warning and the next older file is tried; if files exist and none loads, :class:`RunFileError` says
-    which, instead of letting the run start over from step 0."""
-    files = list_checkpoints(run_dir)
-    if not files:
+    which, instead of letting the run start over from step 0. Entries named like a checkpoint that are not regular
+    files are never opened; they count as checkpoints that do not load."""
+    files, others = _scan(run_dir)
+    _warn_not_regular(others)
+    if not files and not others:
         return None
+    failures = [f"{path.name} ({kind})" for path, kind in others]
     pointed = read_pointer(checkpoint_dir(run_dir))
     order = sorted(files, key=lambda p: (p.name == pointed, checkpoint_step(p)), reverse=True)
-    if pointed is None:  # a save killed between its file and the pointer leaves the pointer one behind: fine
+    if pointed is None and order:  # a save killed between its file and the pointer leaves the pointer behind: fine
         warnings.warn(f"{checkpoint_dir(run_dir) / 'latest'}: missing or naming no checkpoint file; using the "
                       f"newest, {order[0].name}", RunRecoveryWarning, stacklevel=2)
-    failures = []
     for path in order:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = _read(path)
         except Exception as err:  # a torn or foreign file: any unpickling error
-            failures.append(f"{path.name} ({type(err).__name__})")
-            warnings.warn(f"{path}: does not load ({err}); trying an older checkpoint", RunRecoveryWarning,
+            short, why = _load_failure(err)
+            failures.append(f"{path.name} ({short})")
+            warnings.warn(f"{path}: does not load ({why}); trying an older checkpoint", RunRecoveryWarning,
                           stacklevel=2)
             continue
         if not isinstance(state, dict) or state.get("step") != checkpoint_step(path):
