@@ -20,13 +20,13 @@ def main() -> None:
     out = Path(out)
     trainer = RLTrainer(load_config(config_path, overrides), out, resume=(out / "config.yaml").exists())
     prompts_seen = []
-    score = trainer._score
+    score = trainer.reward
 
     def recording_score(prompts, completions):
         prompts_seen.append(list(prompts))
         return score(prompts, completions)
 
-    trainer._score = recording_score
+    trainer.reward = recording_score
     trainer.train()
     ema = trainer.method.ema
     torch.save({"trainable": {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},

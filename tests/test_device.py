@@ -10,12 +10,15 @@ import torch
 
 from elastic_reset.core import ElasticReset
 from elastic_reset.io import read_metrics
-from elastic_reset.lm.scoring import resolve_device
-from elastic_reset.rl import policy
+from elastic_reset.lm import device as lm_device
+from elastic_reset.lm import scoring
+from elastic_reset.lm.device import resolve_device
+from elastic_reset.rewards import classifier
+from elastic_reset.rl import trainer as trainer_module
 from elastic_reset.rl.checkpoint import load_latest
 from elastic_reset.rl.config import ConfigError
 from elastic_reset.rl.trainer import RLTrainer
-from test_trainer import tiny_config, trainable, without_times
+from helpers import tiny_config, trainable, without_times
 
 
 
@@ -23,10 +26,12 @@ from test_trainer import tiny_config, trainable, without_times
 def test_auto_device_is_cuda_only_when_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cpu")  # the reward classifier's default
     with pytest.raises(ConfigError, match="model.device"):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
+    assert scoring.resolve_device is resolve_device  # where the engine imports it from
 
 
 def test_a_malformed_device_is_refused_naming_the_field():
@@ -36,12 +41,22 @@ def test_a_malformed_device_is_refused_naming_the_field():
 
 def test_auto_autocast_is_bf16_on_a_gpu_and_follows_the_cpu_flags_elsewhere(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert policy.autocast_dtype("auto", "cuda") is torch.bfloat16
+    assert lm_device.autocast_dtype("auto", "cuda") is torch.bfloat16
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    assert policy.autocast_dtype("auto", "cpu") is None  # AVX2 only: bf16 is emulated, fp32 is faster
+    assert lm_device.autocast_dtype("auto", "cpu") is None  # AVX2 only: bf16 is emulated, fp32 is faster
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-    assert policy.autocast_dtype("auto", "cpu") is torch.bfloat16
-    assert policy.autocast_dtype("none", "cuda") is None
+    assert lm_device.autocast_dtype("auto", "cpu") is torch.bfloat16
+    assert lm_device.autocast_dtype("none", "cuda") is None
+
+
+def test_one_bf16_detection_decides_for_the_engine_and_the_reward_classifier(monkeypatch):
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        assert lm_device.native_bf16("cpu") is native
+        assert (lm_device.autocast_dtype("auto", "cpu") is torch.bfloat16) is native
+        assert trainer_module.autocast_dtype is lm_device.autocast_dtype  # the engine asks the same function
+        assert isinstance(classifier._autocast(torch.device("cpu"), True), torch.autocast) is native
+        assert not isinstance(classifier._autocast(torch.device("cpu"), False), torch.autocast)
 
 
 @pytest.mark.parametrize("where,expected", [("cpu", "cpu"), ("model", "cpu")])

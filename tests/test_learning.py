@@ -9,32 +9,13 @@ fail (checked by breaking the code on purpose when the tests were written).
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from elastic_reset.rl import trainer as trainer_module
-from elastic_reset.rl.config import config_from_dict
+from elastic_reset.rl import policy as policy_module
 from elastic_reset.rl.trainer import RLTrainer
-from test_rollout import independent_top_p
-
-ROOT = Path(__file__).resolve().parents[1]
-LEARN = {"steps": 30, "checkpoint_every": 0, "eval": {"every": 30, "num_prompts": 8},
-         "algo": {"name": "rloo", "lr": 1e-2}, "method": {"name": "none"}, "kl": {"coef": 0.0, "target": None}}
-"""RLOO (the fastest learner here) without a KL penalty unless a test adds one, so each method's effect is its own."""
-
-
-def learning_config(*overrides: str):
-    data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
-    for key, value in LEARN.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    return config_from_dict(data, list(overrides))
-
-
-def evals(records):
-    return {r["step"]: r for r in records if "eval/reward" in r}
+from helpers import evals, independent_top_p, learning_config
 
 
 def train(tmp_path, *overrides: str) -> tuple[RLTrainer, dict[int, dict]]:
@@ -102,7 +83,7 @@ def test_nlpo_only_samples_what_the_delayed_mask_model_allows(tmp_path, monkeypa
     # samples in training must lie in the INITIAL policy's top-p set, recomputed here independently; plain RL
     # leaves that set as soon as it learns to write "e".
     captured = []
-    real_sample = trainer_module.sample
+    real_sample = policy_module.sample
 
     def spy(model, query_ids, query_mask, *args, **kwargs):
         rollout = real_sample(model, query_ids, query_mask, *args, **kwargs)
@@ -128,7 +109,7 @@ def test_nlpo_only_samples_what_the_delayed_mask_model_allows(tmp_path, monkeypa
                                             "method.nlpo_min_tokens=4", "method.nlpo_update_every=1000",
                                             "eval.every=0"), tmp_path / method)
         initial = copy.deepcopy(trainer.model)
-        monkeypatch.setattr(trainer_module, "sample", spy)
+        monkeypatch.setattr(policy_module, "sample", spy)
         trainer.train()
         monkeypatch.undo()
         outside = total = 0
@@ -146,7 +127,7 @@ def test_nlpo_only_samples_what_the_delayed_mask_model_allows(tmp_path, monkeypa
 def test_multitask_keeps_the_pretraining_text_likely(tmp_path):
     def pretrain_nll(trainer: RLTrainer) -> float:
         with torch.no_grad():
-            return float(trainer.lm_loss(trainer.task.pretrain_texts))
+            return float(trainer.policy.nll(trainer.task.pretrain_texts))
 
     plain, _ = train(tmp_path / "none", "method.name=none", "eval.every=0")
     multitask, _ = train(tmp_path / "multitask", "method.name=multitask", "method.multitask_coef=1.0",

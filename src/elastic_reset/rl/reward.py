@@ -1,0 +1,43 @@
+"""The task's reward, checked: one finite number per completion, or the run stops (or drops the sample)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+from elastic_reset.errors import RewardError
+
+
+class CheckedReward:
+    """``reward_fn(prompts, completions)`` of task ``task_name``, returning scores as a float tensor on ``device``
+    and which samples are kept. Non-numbers stop the run; NaN/inf stop it under ``bad_reward: error`` and are
+    dropped (score 0, kept False) under ``drop``."""
+
+    def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
+                 bad_reward: Literal["error", "drop"], device: torch.device):
+        self.reward_fn = reward_fn
+        self.task_name = task_name
+        self.bad_reward = bad_reward
+        self.device = device
+
+    def __call__(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            raw = self.reward_fn(prompts, completions)
+            values = [float(v) for v in raw]
+        except (TypeError, ValueError) as err:
+            raise RewardError(f"reward function of task {self.task_name!r} did not return numbers: {err}") from None
+        if len(values) != len(completions):
+            raise RewardError(f"reward function of task {self.task_name!r} returned {len(values)} values for "
+                              f"{len(completions)} completions")
+        scores = torch.tensor(values, dtype=torch.float32, device=self.device)
+        keep = torch.isfinite(scores)
+        if not keep.all():
+            bad = (~keep).nonzero().flatten().tolist()
+            if self.bad_reward == "error":
+                raise RewardError(f"reward function of task {self.task_name!r} returned non-finite values "
+                                  f"{[values[i] for i in bad[:3]]} (samples {bad[:3]}); set bad_reward: drop to "
+                                  "drop such samples instead")
+            scores = torch.where(keep, scores, torch.zeros_like(scores))
+        return scores, keep
