@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.reward_models.build import RewardModelConfig, build_model, load_preferences
-from elastic_reset.reward_models.data import split_by_prompt
+from elastic_reset.data.preferences import load_preferences, split_by_prompt
 from elastic_reset.reward_models.losses import advantage_model_loss, bradley_terry_loss
-from elastic_reset.reward_models.train import PairCollator, encode_pairs, pair_scores
+from elastic_reset.reward_models.model import RewardModelConfig, build_model
+from elastic_reset.reward_models.packing import PairCollator, encode_pairs, pair_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELASTIC_RESET_DATA", ROOT.parent / "shared" / "data"))

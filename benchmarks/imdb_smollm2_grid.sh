@@ -3,7 +3,7 @@
 # Reset as the authors' code ran it and as the paper's text describes it, and the two reset ablations, 3 seeds
 # each, on configs/imdb_smollm2.yaml.
 # Resumable: run it again after an interruption. Needs the reward model
-# (elastic-reset build-reward-model imdb --data-dir ../shared/data). About an hour on 2 CPU cores.
+# (elastic-reset build imdb-classifier --data-dir ../shared/data). About an hour on 2 CPU cores.
 #
 # Per-method settings (the paper's §6 and Appendix B, and what the authors' released RL4LMs fork ran; see
 # BENCHMARKS.md, "IMDB: reward vs drift"):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Translation Game of BENCHMARKS.md ("Translation Game (issue 11)"): configs/translation.yaml for 8 methods x
 # 5 seeds (the paper's count, §4 and Table 1). Resumable: run it again after an interruption (finished cells are
-# skipped; SEEDS=2 stops after two seeds). Needs the agents: elastic-reset build-translation --data-dir ../shared/data
+# skipped; SEEDS=2 stops after two seeds). Needs the agents:
+#   elastic-reset build translation-agents --data-dir ../shared/data
 #
 # Per-method settings (paper §4: "a minimal search to find the best hyperparameters for each method"; ours: the
 # paper's values, see BENCHMARKS.md for what was tried):

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "elastic_reset"
 # Lower number = lower layer. A module may import its own part and lower layers, never a higher one.
 LAYERS = {
     "errors": 0,
-    "io": 1, "core": 1,
+    "io": 1, "core": 1, "data": 1,
     "lm": 2, "models": 2, "integrations": 2,
     "rewards": 3, "pretrain": 3, "reward_models": 3,
     "tasks": 4,

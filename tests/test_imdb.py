@@ -1,6 +1,7 @@
 """IMDB mock sentiment: the task's data (first-half prompts, disjoint seeded splits, cleaned text), the MiniLM
 sentiment classifier (training writes a complete folder, the reward is one probability per completion), the
-build-reward-model command, and the errors a user meets first (no data file, no reward model)."""
+`build imdb-classifier` command (and its old name, build-reward-model imdb), and the errors a user meets first (no
+data file, no reward model)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 import torch
 
 from elastic_reset.cli import main
-from elastic_reset.rewards.classifier import SentimentReward, accuracy, train_sentiment_classifier
+from elastic_reset.models import IMDB_CLASSIFIER_BUILD as BUILD_COMMAND
+from elastic_reset.pretrain.classifier import train_sentiment_classifier
+from elastic_reset.rewards.classifier import SentimentReward, accuracy
 from elastic_reset.tasks import get_task
-from elastic_reset.tasks.imdb import BUILD_COMMAND
 
 GOOD = ["wonderful", "brilliant", "moving", "delightful", "superb", "charming", "great", "beautiful"]
 BAD = ["awful", "boring", "dull", "terrible", "painful", "stupid", "bad", "dreadful"]
@@ -184,11 +186,17 @@ def test_build_reward_model_command(shared_data, tmp_path, capsys, monkeypatch):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train_size"] == 32 and metrics["test_size"] == 16 and metrics["max_length"] == 32
     assert metrics["data_dir"] == str(shared_data)
-    assert "test accuracy" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "test accuracy" in captured.out
+    # The old name still works, with one line naming the new command.
+    note = "elastic-reset: note: `build-reward-model imdb` is now `elastic-reset build imdb-classifier`\n"
+    assert captured.err.count(note) == 1 and captured.err.count("note:") == 1
     # The task now finds it without being told where it is.
     assert get_task("imdb", str(shared_data), **SMALL).reward_fn(["It was"], [" great"])[0] >= 0.0
-    # An existing model is not silently replaced.
+    # An existing model is not silently replaced, under either name.
     assert main(args) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["build", "imdb-classifier", *args[2:]]) == 2
     assert "--force" in capsys.readouterr().err
 
 

@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from elastic_reset.errors import DataFileError
-from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
-from elastic_reset.reward_models.data import (
+from elastic_reset.data.preferences import (
     PreferencePair,
     html_to_text,
     load_hh_rlhf,
@@ -26,6 +24,8 @@ from elastic_reset.reward_models.data import (
     split_by_prompt,
     split_hh_dialogue,
 )
+from elastic_reset.errors import DataFileError
+from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
 from elastic_reset.reward_models.losses import advantage, advantage_model_loss, bradley_terry_loss
 from conftest import SHARED_DATA
 
@@ -77,7 +77,7 @@ def test_calibration_of_a_hand_made_case():
 
 
 def test_pair_metrics_per_category_and_per_preference_set():
-    from elastic_reset.reward_models.train import pair_metrics
+    from elastic_reset.reward_models.evaluate import pair_metrics
 
     pairs = [PreferencePair("p", "c", "r", cat) for cat in ("helpful", "helpful", "harmless", "beer", "mine")]
     chosen = np.array([1.0, 0.0, 2.0, -1.0, 5.0])
@@ -111,7 +111,7 @@ def test_clustered_accuracy_se_of_a_hand_made_case():
 
 
 def test_pair_metrics_count_prompts_and_their_error():
-    from elastic_reset.reward_models.train import pair_metrics
+    from elastic_reset.reward_models.evaluate import pair_metrics
 
     pairs = [PreferencePair(q, "c", "r", "beer") for q in "aaaabc"]
     m = pair_metrics(pairs, np.array([1.0, 1, 1, 1, -1, -1]), np.zeros(6))
@@ -206,7 +206,9 @@ def test_a_tiny_reward_model_learns_the_toy_preference(tmp_path, advantage_model
 
     from elastic_reset.models import byte_tokenizer, tiny_causal_lm
     from elastic_reset.reward_models.model import PairwiseRewardModel
-    from elastic_reset.reward_models.train import PairCollator, PairwiseTrainer, encode_pairs, evaluate_pairs
+    from elastic_reset.reward_models.evaluate import evaluate_pairs
+    from elastic_reset.reward_models.packing import PairCollator, encode_pairs
+    from elastic_reset.reward_models.train import PairwiseTrainer
 
     torch.set_num_threads(1)
     tokenizer = byte_tokenizer()
@@ -233,7 +235,8 @@ def test_grouping_by_length_pads_less_and_still_sees_every_pair_once(tmp_path):
 
     from elastic_reset.models import byte_tokenizer, tiny_causal_lm
     from elastic_reset.reward_models.model import PairwiseRewardModel
-    from elastic_reset.reward_models.train import PairCollator, PairwiseTrainer, encode_pairs
+    from elastic_reset.reward_models.packing import PairCollator, encode_pairs
+    from elastic_reset.reward_models.train import PairwiseTrainer
 
     tokenizer = byte_tokenizer()
     rng = random.Random(0)
@@ -255,7 +258,7 @@ def test_grouping_by_length_pads_less_and_still_sees_every_pair_once(tmp_path):
 def test_pairs_scored_in_batches_keep_their_order_and_scores():
     from elastic_reset.models import byte_tokenizer, tiny_causal_lm
     from elastic_reset.reward_models.model import PairwiseRewardModel
-    from elastic_reset.reward_models.train import score_pairs
+    from elastic_reset.reward_models.evaluate import score_pairs
 
     tokenizer = byte_tokenizer()
     model = PairwiseRewardModel(tiny_causal_lm(seed=0).model, pooling="last", advantage=True)
@@ -298,7 +301,7 @@ def tiny_reward_model_folder(path, advantage: bool):
     """A reward model's folder as ``reward-model train`` writes it, with the untrained tiny model's weights."""
     from dataclasses import asdict
 
-    from elastic_reset.reward_models.build import SETTINGS, WEIGHTS, RewardModelConfig, build_model, trained_state
+    from elastic_reset.reward_models.model import SETTINGS, WEIGHTS, RewardModelConfig, build_model, trained_state
 
     config = RewardModelConfig(backbone="tiny-llama", advantage=advantage, data=["unused.jsonl"], max_tokens=256)
     model, _ = build_model(config)
@@ -313,9 +316,9 @@ def test_one_pass_over_a_shared_prompt_scores_as_separate_passes(tmp_path, advan
     # A pair's row [prompt | chosen | rejected] gives each response the score of its own forward of prompt +
     # response (the mask hides the other response, the positions continue from the prompt), and e(x) the score
     # of the prompt alone; in training (pair_scores) and as the RL engine's reward alike.
-    from elastic_reset.reward_models.build import load_reward_model
+    from elastic_reset.reward_models.model import load_reward_model
+    from elastic_reset.reward_models.packing import PairCollator, encode_pairs, pair_scores
     from elastic_reset.reward_models.reward import PreferenceModelReward
-    from elastic_reset.reward_models.train import PairCollator, encode_pairs, pair_scores
 
     torch.set_num_threads(1)
     model, tokenizer, _ = load_reward_model(tiny_reward_model_folder(tmp_path / "rm", advantage_model))
@@ -342,8 +345,9 @@ def write_toy_file(path, n, seed):
 
 
 def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
-    from elastic_reset.reward_models.build import RewardModelConfig, load_reward_model, train_reward_model
-    from elastic_reset.reward_models.train import evaluate_pairs
+    from elastic_reset.reward_models.evaluate import evaluate_pairs
+    from elastic_reset.reward_models.model import RewardModelConfig, load_reward_model
+    from elastic_reset.reward_models.train import train_reward_model
 
     torch.set_num_threads(1)
     config = RewardModelConfig(backbone="tiny-llama", advantage=True, data=[str(write_toy_file(
@@ -362,7 +366,8 @@ def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
 def test_an_interrupted_training_resumes_to_the_same_model(tmp_path, group_by_length):
     from transformers import TrainerCallback
 
-    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+    from elastic_reset.reward_models.model import RewardModelConfig
+    from elastic_reset.reward_models.train import train_reward_model
 
     class Crash(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -455,7 +460,8 @@ def test_rl_against_a_trained_reward_model_raises_its_held_out_score(shared_data
     # The helpful task end to end on tiny models: a tiny reward model trained on HH-RLHF pairs is the reward, a
     # tiny policy trains against it with RLOO, and the reward model's score of the policy's answers to held-out
     # (validation) prompts rises. Flipping the policy loss's sign makes it fail.
-    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+    from elastic_reset.reward_models.model import RewardModelConfig
+    from elastic_reset.reward_models.train import train_reward_model
     from elastic_reset.rl.trainer import RLTrainer
     from test_learning import evals, learning_config
 
@@ -474,3 +480,83 @@ def test_rl_against_a_trained_reward_model_raises_its_held_out_score(shared_data
         ev = evals(RLTrainer(config, tmp_path / "run").train())
     start, end = ev[0]["eval/reward"], ev[30]["eval/reward"]
     assert end > start + 0.5, f"held-out reward-model score {start:.3f} -> {end:.3f} in 30 iterations"
+
+
+# ------------------------------------------------------------------------------ pairs without a preference
+def test_a_pair_file_leaves_out_pairs_without_a_preference_naming_the_file(tmp_path):
+    good, other = ({"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "q", "chosen": "c", "rejected": "d"})
+    tie = {"prompt": "p", "chosen": "same", "rejected": "same"}
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (good, tie, other, tie)))
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(path))}: 2 pair\(s\) left out \(chosen and rejected are "
+                                         r"identical"):
+        assert read_pairs(path) == [PreferencePair("p", "a", "b"), PreferencePair("q", "c", "d")]
+    path.write_text(json.dumps(tie) + "\n")
+    with pytest.warns(UserWarning, match="1 pair"), pytest.raises(DataFileError, match="no preference pairs"):
+        read_pairs(path)
+
+
+def test_hh_rlhf_leaves_out_pairs_the_same_way(tmp_path):
+    folder = tmp_path / "hh-rlhf" / "helpful-base"
+    folder.mkdir(parents=True)
+    dialogue = "\n\nHuman: hi?\n\nAssistant:"
+    rows = [{"chosen": dialogue + " yes", "rejected": dialogue + " no"},
+            {"chosen": dialogue + " same", "rejected": dialogue + " same"},                  # no preference
+            {"chosen": dialogue + " yes", "rejected": "\n\nHuman: other?\n\nAssistant: no"}]  # two prompts
+    with gzip.open(folder / "test.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"hh-rlhf: 2 pair\(s\) left out \(the two transcripts differ before the "
+                                         r"last answer, or the answers are identical or empty\)"):
+        assert load_hh_rlhf(tmp_path, ("helpful",)) == [PreferencePair(dialogue, "yes", "no", "helpful")]
+
+
+# ------------------------------------------------------------------------- numbers refused before a build
+BAD_NUMBERS = [["--lr", "-1"], ["--lr", "nan"], ["--lr", "0"], ["--epochs", "inf"], ["--epochs", "0"],
+               ["--seed", "-1"], ["--seed", "1.5"], ["--batch-size", "0"], ["--max-tokens", "0"]]
+
+
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=[" ".join(b) for b in BAD_NUMBERS])
+def test_reward_model_train_refuses_a_bad_number_while_parsing(tmp_path, monkeypatch, capsys, bad):
+    from elastic_reset.cli import main
+    from elastic_reset.reward_models import train
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(train, "train_reward_model", no_build)
+    monkeypatch.setattr(train, "build_model", no_build)
+    with pytest.raises(SystemExit) as exit_:
+        main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(tmp_path / "p.jsonl"), *bad])
+    assert exit_.value.code == 2
+    assert f"error: argument {bad[0]}: " in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", [["build-reward-model", "imdb"], ["build-policy", "imdb"],
+                                     ["build", "imdb-classifier"], ["build", "imdb-policy"]])
+def test_the_build_commands_refuse_a_bad_number_while_parsing(capsys, command):
+    from elastic_reset.cli import main
+
+    classifier = command in (["build-reward-model", "imdb"], ["build", "imdb-classifier"])
+    numbers = ([["--lr", "-1"], ["--lr", "nan"], ["--seed", "-1"], ["--epochs", "0"], ["--n-train", "0"]]
+               if classifier else [["--steps", "0"], ["--steps", "-3"]])
+    for bad in numbers:
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, *bad])
+        assert exit_.value.code == 2
+        assert f"error: argument {bad[0]}: " in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("field, value", [("lr", -1.0), ("lr", float("nan")), ("epochs", float("inf")),
+                                          ("seed", -1), ("split_seed", 2**32), ("margin", 0.0)])
+def test_reward_model_config_refuses_a_bad_number_before_anything_loads(tmp_path, monkeypatch, field, value):
+    from elastic_reset.errors import ConfigError
+    from elastic_reset.reward_models import train
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("data or a model was loaded")
+
+    monkeypatch.setattr(train, "load_preferences", no_load)
+    monkeypatch.setattr(train, "build_model", no_load)
+    config = train.RewardModelConfig(backbone="tiny-llama", data=[str(tmp_path / "p.jsonl")], **{field: value})
+    with pytest.raises(ConfigError, match=rf"^{field}: expected"):
+        train.train_reward_model(config, tmp_path / "rm")

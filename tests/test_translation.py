@@ -7,6 +7,7 @@ Tiny agents (a 300-line vocabulary and one-layer 32-wide models, two epochs) are
 from __future__ import annotations
 
 import math
+import random
 import signal
 import subprocess
 import sys
@@ -17,19 +18,11 @@ import pytest
 import torch
 import yaml
 
+from elastic_reset.data.translation import game_pairs, load_multi30k, pretrain_part, split_train
 from elastic_reset.evaluation.runs import load_run
 from elastic_reset.io import read_metrics
-from elastic_reset.pretrain.translation import (
-    AgentConfig,
-    bleu,
-    build_agents,
-    game_pairs,
-    length_batches,
-    load_multi30k,
-    pretrain_part,
-    split_train,
-    train_tokenizer,
-)
+from elastic_reset.lm.batching import length_grouped_batches
+from elastic_reset.pretrain.translation import AgentConfig, bleu, build_agents, train_tokenizer
 from elastic_reset.rl.config import config_from_dict
 from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import get_task
@@ -102,11 +95,16 @@ def test_misaligned_files_are_refused_naming_the_folder(tmp_path):
 
 def test_length_batches_cover_every_index_once_with_little_padding():
     lengths = [(7 * i) % 31 + 1 for i in range(1000)]
-    batches = length_batches(lengths, 16, seed=3)
+    batches = length_grouped_batches(lengths, 16, seed=3)
     assert sorted(i for b in batches for i in b) == list(range(1000))
-    assert batches == length_batches(lengths, 16, seed=3) and batches != length_batches(lengths, 16, seed=4)
+    assert batches == length_grouped_batches(lengths, 16, seed=3)
+    assert batches != length_grouped_batches(lengths, 16, seed=4)
     spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
     assert spread < 3  # a random batch of 16 spans ~28 of the 31 lengths
+    # Ungrouped (group=False): the seeded shuffle cut as it is.
+    order = list(range(1000))
+    random.Random(3).shuffle(order)
+    assert length_grouped_batches(lengths, 16, seed=3, group=False) == [order[i:i + 16] for i in range(0, 1000, 16)]
 
 
 def test_tokenizer_round_trips_text_and_ends_with_eos():
@@ -189,12 +187,9 @@ def test_frozen_speaker_never_changes_while_the_listener_learns(agents, tmp_path
 def test_speaker_gradient_is_the_reinforce_gradient_only(agents, tmp_path, monkeypatch):
     # The listener reads text: its loss has no path to the speaker. With the REINFORCE loss switched off (advantages
     # zero and no entropy bonus), an iteration leaves the speaker without any gradient at all.
-    from elastic_reset.rl import trainer as trainer_module
-
     trainer = RLTrainer(game_config(agents, "method.name=none", "algo.entropy_coef=0.0", "algo.max_grad_norm=null"),
                         tmp_path / "run")
-    monkeypatch.setattr(trainer_module.RLTrainer, "_advantages",
-                        lambda self, rollout, scores, keep, mask, *a: (torch.zeros_like(mask), None))
+    monkeypatch.setattr(trainer.estimator, "advantages", lambda scores, keep, mask, *a: (torch.zeros_like(mask), None))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     record = trainer.train_step()
     assert record["grad_norm"] == 0.0
@@ -225,7 +220,7 @@ def test_each_method_plays_a_few_iterations(agents, tmp_path, method):
 def test_kl_to_the_english_lm_scores_the_message_alone(agents, tmp_path):
     trainer = RLTrainer(game_config(agents, "method.name=kl", "kl.reference=lm"), tmp_path / "run")
     prompts = trainer.task.train_prompts[:3]
-    rollout = trainer._sample_eval(prompts, torch.Generator().manual_seed(0))
+    rollout = trainer.policy.sample(prompts, torch.Generator().manual_seed(0), greedy=trainer.config.eval.greedy)
     got = trainer._reference_logprobs(rollout)
     lm = trainer.reference_lm
     for i in range(3):

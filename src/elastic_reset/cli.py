@@ -7,11 +7,12 @@
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset demo [--out DIR] [--steps N]
-    elastic-reset build-reward-model imdb [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
+    elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
-    elastic-reset build-policy imdb [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
-    elastic-reset build-translation --data-dir ../shared/data [--out DIR] [--max-epochs N] [--label-smoothing E]
-                                   [--device auto|cpu|cuda] [--force]
+    elastic-reset build imdb-policy [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
+    elastic-reset build translation-agents --data-dir ../shared/data [--out DIR] [--max-epochs N]
+                  [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda] [--force]
+                  (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
                   [--max-tokens T] [--save-steps N] [--group-by-length] [--out DIR] [--resume]
@@ -21,6 +22,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 from elastic_reset.errors import ElasticResetError
@@ -95,87 +98,59 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_reward_model(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _build_imdb_classifier(args: argparse.Namespace) -> int:
+    from elastic_reset.pretrain.classifier import build_imdb_classifier
 
-    from elastic_reset.rewards.classifier import train_sentiment_classifier
-    from elastic_reset.tasks.imdb import default_reward_model_path, load_imdb, shuffled
-
-    out = Path(args.out) if args.out else default_reward_model_path()
-    if (out / "config.json").exists() and not args.force:
-        raise FileExistsError(f"{out}: a reward model is already there (pass --force to rebuild it)")
-    # Seeded shuffles: the files are ordered all-negative then all-positive.
-    train = shuffled(load_imdb(args.data_dir, "train"), args.seed, "imdb-classifier-train")[:args.n_train]
-    test = shuffled(load_imdb(args.data_dir, "test"), args.seed, "imdb-classifier-test")[:args.n_test]
-    metrics = train_sentiment_classifier(
-        [t for t, _ in train], [y for _, y in train], out, epochs=args.epochs, batch_size=args.batch_size,
-        lr=args.lr, max_length=args.max_length, seed=args.seed,
-        eval_texts=[t for t, _ in test], eval_labels=[y for _, y in test],
-        metadata={"task": args.task, "data_dir": args.data_dir or "hf:imdb",
-                  "train_split": "train (seeded shuffle, first n_train)",
-                  "test_split": "test (seeded shuffle, first n_test)"})
+    out, metrics = build_imdb_classifier(args.data_dir, args.out, n_train=args.n_train, n_test=args.n_test,
+                                         epochs=args.epochs, batch_size=args.batch_size, max_length=args.max_length,
+                                         lr=args.lr, seed=args.seed, force=args.force)
     print(f"IMDB sentiment reward model: test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_size']} "
           f"held-out test reviews, trained on {metrics['train_size']} in {metrics['train_seconds']:.0f}s; "
           f"written to {out}")
     return 0
 
 
-def _build_policy(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-    from pathlib import Path
+def _build_imdb_policy(args: argparse.Namespace) -> int:
+    from elastic_reset.pretrain.imdb import build_imdb_policy
 
-    from elastic_reset.models import IMDB_POLICY_DIRNAME, cache_dir
-    from elastic_reset.pretrain.imdb import PretrainConfig, pretrain_policy
-    from elastic_reset.tasks.imdb import load_imdb, shuffled
-
-    out = Path(args.out) if args.out else cache_dir() / IMDB_POLICY_DIRNAME
-    if (out / "config.json").exists() and not args.force:
-        raise FileExistsError(f"{out}: a policy is already there (pass --force to rebuild it)")
-    config = PretrainConfig() if args.steps is None else replace(PretrainConfig(), steps=args.steps)
-    train = [t for t, _ in load_imdb(args.data_dir, "train")]
-    # Perplexity on test reviews the IMDB task never uses as prompts or reference texts (the end of its shuffle).
-    held_out = [t for t, _ in shuffled(load_imdb(args.data_dir, "test"), 0, "imdb-test")[-500:]]
-    metrics = pretrain_policy(train, held_out, out, config)
+    out, metrics = build_imdb_policy(args.data_dir, args.out, steps=args.steps, force=args.force)
     print(f"IMDB policy: {metrics['parameters'] / 1e6:.1f}M parameters, held-out perplexity "
           f"{metrics['held_out_perplexity']:.1f} after {metrics['train_seconds']:.0f} s; written to {out}")
     return 0
 
 
-def _build_translation(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-    from pathlib import Path
+def _build_translation_agents(args: argparse.Namespace) -> int:
+    from elastic_reset.pretrain.translation import build_translation_agents
 
-    from elastic_reset.models import translation_agents_path
-    from elastic_reset.pretrain.translation import AgentConfig, build_agents
-
-    out = Path(args.out) if args.out else translation_agents_path(required=False)
-    if out.exists() and not args.force:
-        raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
-    config = AgentConfig(pretrain_lines=args.pretrain_lines)
-    if args.max_epochs is not None:
-        config = replace(config, max_epochs=args.max_epochs)
-    if args.label_smoothing is not None:
-        config = replace(config, label_smoothing=args.label_smoothing)
-    metrics = build_agents(args.data_dir, out, config, device=args.device)
+    out, metrics = build_translation_agents(args.data_dir, args.out, max_epochs=args.max_epochs,
+                                            pretrain_lines=args.pretrain_lines,
+                                            label_smoothing=args.label_smoothing, device=args.device,
+                                            force=args.force)
     val = metrics["pretrained"]["val"]
     print(f"Translation Game agents written to {out} in {metrics['build_seconds']:.0f} s; PRETRAINED (val): task "
           f"{val['task_bleu']:.1f} BLEU, drift {val['drift_bleu']:.1f} BLEU")
     return 0
 
 
+def _renamed(old: str, new: str, func):
+    """The handler of an old command name: a one-line note naming the new command, then the same build."""
+    def run(args: argparse.Namespace) -> int:
+        print(f"elastic-reset: note: `{old}` is now `elastic-reset {new}`", file=sys.stderr)
+        return func(args)
+    return run
+
+
 def _reward_model_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from elastic_reset.models import cache_dir
-    from elastic_reset.reward_models.build import RewardModelConfig, train_reward_model
+    from elastic_reset.models import reward_model_path
+    from elastic_reset.reward_models.train import RewardModelConfig, train_reward_model
 
     config = RewardModelConfig(backbone=args.backbone, advantage=args.advantage, data=args.data,
                                data_dir=args.data_dir, seed=args.seed, epochs=args.epochs, lr=args.lr,
                                batch_size=args.batch_size, max_tokens=args.max_tokens, bf16=args.bf16,
                                save_steps=args.save_steps, group_by_length=args.group_by_length)
-    names = "+".join(Path(d).stem.split(".")[0] for d in args.data)
-    name = f"{args.backbone}-{'am' if args.advantage else 'rm'}-{names}-seed{args.seed}"
-    out = Path(args.out) if args.out else cache_dir() / "reward-models" / name
+    out = Path(args.out) if args.out else reward_model_path(args.backbone, args.advantage, args.data, args.seed)
     metrics = train_reward_model(config, out, resume=args.resume)
     print(f"reward model written to {out} in {metrics['train_seconds']:.0f} s; test accuracy "
           f"{_accuracy(metrics['test'])}, ECE {metrics['test']['ece']:.3f}")
@@ -183,7 +158,7 @@ def _reward_model_train(args: argparse.Namespace) -> int:
 
 
 def _reward_model_evaluate(args: argparse.Namespace) -> int:
-    from elastic_reset.reward_models.build import EVALUATION, evaluate_reward_model
+    from elastic_reset.reward_models.evaluate import EVALUATION, evaluate_reward_model
 
     results = evaluate_reward_model(args.path, tuple(args.split or ["test"]), args.data_dir, force=args.force)
     for split, metrics in results.items():
@@ -207,6 +182,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    """A finite number > 0 (a learning rate, a number of epochs): refused while parsing, before a model loads."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed numpy accepts too (transformers seeds it): 0 to 2**32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {2**32 - 1}, got {text}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {2**32 - 1}, got {text}")
+    return value
+
+
 def _add_report_metrics(parser: argparse.ArgumentParser) -> None:
     # None: each run's own, from the task.json its trainer wrote (reward and perplexity for runs that have none).
     parser.add_argument("--drift", choices=tuple(DRIFTS), default=None,
@@ -215,6 +212,78 @@ def _add_report_metrics(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--score", choices=tuple(SCORES), default=None,
                         help="task score on the x axis (default: the task's own, reward; the Translation Game: "
                              "task_bleu)")
+
+
+def _imdb_classifier_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
+                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    parser.add_argument("--out", default=None, help="where to write it (default: the cache path the task reads, "
+                        "$ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-sentiment-minilm)")
+    parser.add_argument("--n-train", type=_positive_int, default=6000, help="training reviews (default 6000)")
+    parser.add_argument("--n-test", type=_positive_int, default=2000, help="held-out test reviews for the accuracy "
+                        "(default 2000)")
+    parser.add_argument("--epochs", type=_positive_int, default=1, help="default 1")
+    parser.add_argument("--batch-size", type=_positive_int, default=16, help="default 16")
+    parser.add_argument("--max-length", type=_positive_int, default=256, help="tokens kept per review, from the end "
+                        "(default 256)")
+    parser.add_argument("--lr", type=_positive_float, default=5e-5, help="peak learning rate (default 5e-5)")
+    parser.add_argument("--seed", type=_seed, default=0, help="default 0")
+    parser.add_argument("--force", action="store_true", help="replace a reward model already at --out")
+
+
+def _imdb_policy_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
+                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    parser.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
+                        "imdb-gpt2 reads, $ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-gpt2)")
+    parser.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: "
+                        "PretrainConfig's)")
+    parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
+
+
+def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
+    parser.add_argument("--out", default=None, help="where to write them (default: the cache path the "
+                        "translation_game task reads)")
+    parser.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
+                        "(default 10; each stops early on its validation score)")
+    parser.add_argument("--pretrain-lines", type=_positive_int, default=None, help="lines of Multi30k train to "
+                        "pretrain on (default: half, 14,500); the game is played on the rest")
+    parser.add_argument("--label-smoothing", type=float, default=None, help="label smoothing of the pretraining "
+                        "loss (default 0.1)")
+    parser.add_argument("--device", default="auto", help="where to pretrain: cpu, cuda, cuda:N, or auto (CUDA when "
+                        "present; a GPU builds the agents in minutes)")
+    parser.add_argument("--force", action="store_true", help="replace agents already at --out")
+
+
+# name -> (help, options, handler, old command, whether the old command took the task name "imdb")
+BUILDS = {
+    "imdb-classifier": ("the IMDB task's reward: all-MiniLM-L6-v2 fine-tuned as a sentiment classifier on IMDB "
+                        "train reviews (transformers' Trainer), cached where the task looks for it",
+                        _imdb_classifier_options, _build_imdb_classifier, "build-reward-model", True),
+    "imdb-policy": ("a GPT-2 of 5M parameters pretrained on the IMDB train reviews, cached as model.name "
+                    "imdb-gpt2", _imdb_policy_options, _build_imdb_policy, "build-policy", True),
+    "translation-agents": ("the Translation Game's agents (FR→EN, EN→DE, an English LM) pretrained on half of "
+                           "Multi30k train, ~40 min on 2 cores", _translation_agents_options,
+                           _build_translation_agents, "build-translation", False),
+}
+
+
+def _add_build_commands(sub) -> None:
+    """``build <model>``, one per model the project trains before RL, and the old command names as aliases."""
+    build = sub.add_parser("build", help="train a model the project needs before RL and cache it where the "
+                                         "task or config that uses it looks")
+    build_sub = build.add_subparsers(dest="build_command", required=True)
+    for name, (text, options, handler, old, takes_task) in BUILDS.items():
+        parser = build_sub.add_parser(name, help=text)
+        options(parser)
+        parser.set_defaults(func=handler)
+        old_command = f"{old} imdb" if takes_task else old
+        alias = sub.add_parser(old, help=f"old name of `build {name}`")
+        if takes_task:
+            alias.add_argument("task", choices=("imdb",), help="whose model to build")
+        options(alias)
+        alias.set_defaults(func=_renamed(old_command, f"build {name}", handler))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,52 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="smollm2", help="smollm2, or tiny-llama for a seconds-long smoke run")
     demo.set_defaults(func=_demo)
 
-    reward = sub.add_parser("build-reward-model", help="train a task's learned reward model (IMDB: a MiniLM "
-                            "sentiment classifier) and cache it where the task looks for it")
-    reward.add_argument("task", choices=("imdb",), help="whose reward model to build")
-    reward.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
-                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
-    reward.add_argument("--out", default=None, help="where to write it (default: the cache path the task reads, "
-                        "$ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-sentiment-minilm)")
-    reward.add_argument("--n-train", type=_positive_int, default=6000, help="training reviews (default 6000)")
-    reward.add_argument("--n-test", type=_positive_int, default=2000, help="held-out test reviews for the accuracy "
-                        "(default 2000)")
-    reward.add_argument("--epochs", type=_positive_int, default=1, help="default 1")
-    reward.add_argument("--batch-size", type=_positive_int, default=16, help="default 16")
-    reward.add_argument("--max-length", type=_positive_int, default=256, help="tokens kept per review, from the end "
-                        "(default 256)")
-    reward.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
-    reward.add_argument("--seed", type=int, default=0, help="default 0")
-    reward.add_argument("--force", action="store_true", help="replace a reward model already at --out")
-    reward.set_defaults(func=_build_reward_model)
-
-    policy = sub.add_parser("build-policy", help="pretrain a task's small policy on its training text (IMDB: a "
-                            "GPT-2 of 5M parameters on the train reviews) and cache it as model.name imdb-gpt2")
-    policy.add_argument("task", choices=("imdb",), help="whose policy to build")
-    policy.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
-                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
-    policy.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
-                        "imdb-gpt2 reads, $ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-gpt2)")
-    policy.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: "
-                        "PretrainConfig's)")
-    policy.add_argument("--force", action="store_true", help="replace a policy already at --out")
-    policy.set_defaults(func=_build_policy)
-
-    game = sub.add_parser("build-translation", help="pretrain the Translation Game's agents (FR→EN, EN→DE, an "
-                                                    "English LM) on half of Multi30k train, ~40 min on 2 cores")
-    game.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
-    game.add_argument("--out", default=None, help="where to write them (default: the cache path the "
-                      "translation_game task reads)")
-    game.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
-                      "(default 10; each stops early on its validation score)")
-    game.add_argument("--pretrain-lines", type=_positive_int, default=None, help="lines of Multi30k train to "
-                      "pretrain on (default: half, 14,500); the game is played on the rest")
-    game.add_argument("--label-smoothing", type=float, default=None, help="label smoothing of the pretraining "
-                      "loss (default 0.1)")
-    game.add_argument("--device", default="auto", help="where to pretrain: cpu, cuda, cuda:N, or auto (CUDA when "
-                      "present; a GPU builds the agents in minutes)")
-    game.add_argument("--force", action="store_true", help="replace agents already at --out")
-    game.set_defaults(func=_build_translation)
+    _add_build_commands(sub)
 
     rm = sub.add_parser("reward-model", help="reward models trained on preference pairs (Bradley-Terry or the "
                                              "Advantage Model)")
@@ -319,9 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "of prompt/chosen/rejected (repeatable)")
     rm_train.add_argument("--data-dir", default=None, help="folder holding hh-rlhf/ and stack-exchange-paired/")
     rm_train.add_argument("--advantage", action="store_true", help="the Advantage Model (eq. 6) instead of BT")
-    rm_train.add_argument("--seed", type=int, default=0)
-    rm_train.add_argument("--epochs", type=float, default=1.0)
-    rm_train.add_argument("--lr", type=float, default=None, help="default: 1e-4 (smollm2), 3e-5 (minilm)")
+    rm_train.add_argument("--seed", type=_seed, default=0)
+    rm_train.add_argument("--epochs", type=_positive_float, default=1.0)
+    rm_train.add_argument("--lr", type=_positive_float, default=None, help="default: 1e-4 (smollm2), 3e-5 (minilm)")
     rm_train.add_argument("--batch-size", type=_positive_int, default=8)
     rm_train.add_argument("--max-tokens", type=_positive_int, default=256)
     rm_train.add_argument("--save-steps", type=_positive_int, default=100, help="a checkpoint every N steps (what "
@@ -345,15 +369,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_error(err: BaseException) -> str | None:
+    """The one-line message for an error the user can act on, or None for a bug (which keeps its traceback)."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is not None:
+        # The OS's reason and the file it concerns (a read-only or full --out, a missing permission).
+        files = str(err.filename) + ("" if err.filename2 is None else f" -> {err.filename2}")
+        return f"{files}: {err.strerror or os.strerror(err.errno)}"
+    if isinstance(err, (ElasticResetError, FileExistsError, FileNotFoundError, PermissionError)):
+        return " ".join(str(err).split())
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ElasticResetError, FileExistsError, FileNotFoundError, PermissionError) as err:
+    except KeyboardInterrupt:
         if args.debug:
             raise
+        # Ctrl-C is the user's own doing: no traceback, and the shell's status for SIGINT (128 + 2).
+        print("elastic-reset: interrupted", file=sys.stderr)
+        return 130
+    except (ElasticResetError, OSError) as err:
+        message = _user_error(err)
+        if args.debug or message is None:
+            raise
         # One line: the message names the key or the file; --debug shows where it came from.
-        message = " ".join(str(err).split())
         print(f"elastic-reset: error: {message}", file=sys.stderr)
         return 2
 

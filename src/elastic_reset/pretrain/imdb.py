@@ -2,10 +2,11 @@
 
 The paper's IMDB policy is GPT-2 further trained on IMDB reviews (``lvwerra/gpt2-imdb``): a model that already
 writes reviews, so that RL only has to steer their sentiment. Nothing of that size can be downloaded or trained
-here, so ``elastic-reset build-policy imdb`` builds the same thing at CPU scale: a byte-level BPE vocabulary
+here, so ``elastic-reset build imdb-policy`` builds the same thing at CPU scale: a byte-level BPE vocabulary
 (``tokenizers``) and a small GPT-2 trained from scratch, by next-token prediction, on the IMDB *train* reviews only
 (validation prompts and the perplexity reference texts come from the test split, never seen here). The result is
-a plain Hugging Face folder, cached outside git, that ``model.name: imdb-gpt2`` loads.
+a plain Hugging Face folder, cached outside git (``models.imdb_policy_path()``), that ``model.name: imdb-gpt2``
+loads. The reviews it reads: :func:`elastic_reset.data.imdb.policy_texts`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
+from elastic_reset.data.imdb import policy_texts
 from elastic_reset.io import save_folder_atomically
+from elastic_reset.lm.scoring import sequence_nll
 
 EOS = "<|endoftext|>"
 
@@ -35,9 +38,9 @@ class PretrainConfig:
     context: int = 128
     """Tokens per training sequence (and the model's context length is twice that, for prompt + completion)."""
     batch_size: int = 16
-    """Sequences per optimizer step (16 × 128 tokens: 0.75 s a step on 2 AVX2 cores; 32 took 2.5x as long)."""
+    """Sequences per optimizer step (twice as many made a sequence slower to train on a CPU; see BENCHMARKS.md)."""
     steps: int = 1200
-    """Optimizer steps (1200 × 16 × 128 = 2.5M tokens, about a third of the train reviews; ~16 min on 2 cores)."""
+    """Optimizer steps (1200 × 16 × 128 = 2.5M tokens, about a third of the train reviews; see BENCHMARKS.md)."""
     lr: float = 2e-3
     """Peak AdamW learning rate (cosine decay to 10 % after a 5 % warm-up)."""
     seed: int = 0
@@ -79,7 +82,7 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
     tokenizer = train_tokenizer(texts, config.vocab_size)
     stream = _token_stream(tokenizer, texts)
     held = _token_stream(tokenizer, held_out)
-    log(f"build-policy: vocabulary of {len(tokenizer)} tokens; {stream.numel():,} training tokens "
+    log(f"build imdb-policy: vocabulary of {len(tokenizer)} tokens; {stream.numel():,} training tokens "
         f"({time.perf_counter() - t0:.0f} s)")
 
     torch.manual_seed(config.seed)
@@ -104,14 +107,14 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if (step + 1) % 100 == 0 or step + 1 == config.steps:
-            log(f"build-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
+            log(f"build imdb-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     model.eval()
     held_ppl = _stream_perplexity(model, held, config.context)
     metrics = {"held_out_perplexity": held_ppl, "train_tokens_seen": config.steps * config.batch_size *
                config.context, "train_tokens": int(stream.numel()), "parameters": sum(p.numel() for p in
                model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
-    log(f"build-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
+    log(f"build imdb-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
@@ -124,11 +127,22 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
 
 @torch.no_grad()
 def _stream_perplexity(model, ids: torch.Tensor, context: int) -> float:
+    """Perplexity of a token stream cut into windows of ``context`` tokens, each scored on its own."""
     windows = ids[: ids.numel() // context * context].view(-1, context)
-    total, count = 0.0, 0
-    for start in range(0, len(windows), 64):
-        batch = windows[start:start + 64]
-        n = batch.shape[0] * (batch.shape[1] - 1)  # tokens predicted (the labels are shifted inside)
-        total += float(model(input_ids=batch, labels=batch).loss) * n
-        count += n
-    return math.exp(total / count)
+    nll, tokens = sequence_nll(model, None, windows, batch_size=64)
+    return math.exp(float(nll.double().sum()) / int(tokens.sum()))
+
+
+def build_imdb_policy(data_dir: str | None, out: str | Path | None = None, *, steps: int | None = None,
+                      force: bool = False, log=print) -> tuple[Path, dict]:
+    """``elastic-reset build imdb-policy``: :func:`pretrain_policy` on every train review, perplexity on test
+    reviews the IMDB task never uses, into ``out`` (default: where ``model.name: imdb-gpt2`` looks). Returns
+    (out, metrics)."""
+    from elastic_reset.models import imdb_policy_path
+
+    out = Path(out) if out else imdb_policy_path(required=False)
+    if (out / "config.json").exists() and not force:
+        raise FileExistsError(f"{out}: a policy is already there (pass --force to rebuild it)")
+    config = PretrainConfig() if steps is None else replace(PretrainConfig(), steps=steps)
+    train, held_out = policy_texts(data_dir)
+    return out, pretrain_policy(train, held_out, out, config, log=log)

@@ -1,15 +1,16 @@
 """The Translation Game's agents (Elastic Reset §4 and Appendix A; Lee et al. 2019), built at CPU scale.
 
 The paper pretrains a FR→EN and an EN→DE Transformer on IWSLT, then plays FR→EN→DE on Multi30k with French and
-German only. IWSLT is not available here, so ``elastic-reset build-translation`` splits the 29,000 aligned
+German only. IWSLT is not available here, so ``elastic-reset build translation-agents`` splits the 29,000 aligned
 Multi30k *train* lines in two disjoint parts by a seeded shuffle (halves by default; ``--pretrain-lines`` sets the
-size of the first):
+size of the first; the data and its split: :mod:`elastic_reset.data.translation`):
 
 - the **pretraining half** (all three languages): a joint subword vocabulary (``tokenizers`` BPE over fr+en+de),
   the FR→EN *speaker* and the EN→DE *listener* (small pre-LN encoder–decoders, transformers' M2M100
   architecture), and an English LM (a small GPT-2) for the KL-to-an-LM baseline (the paper's LSTM LM on IWSLT
   English, §4);
-- the **game half**: FR–DE pairs only (:func:`game_pairs`). Its English is never read by anything.
+- the **game half**: FR–DE pairs only (:func:`~elastic_reset.data.translation.game_pairs`). Its English is never
+  read by anything.
 
 Both halves come from the same domain, so, unlike the paper's IWSLT agents, ours start in-domain: the paper's
 early gain in FR→EN BLEU from adapting to Multi30k (§4, "all learning models initially improve FR→EN") should not
@@ -24,79 +25,27 @@ val BLEU.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from elastic_reset.errors import DataFileError
+from elastic_reset.data.translation import load_multi30k, pretrain_part
 from elastic_reset.io import save_folder_atomically
+from elastic_reset.lm.batching import length_grouped_batches
+from elastic_reset.lm.device import resolve_device
 from elastic_reset.lm.greedy import greedy_translate
-from elastic_reset.lm.scoring import label_smoothed_loss, resolve_device, right_pad, seq2seq_nll
+from elastic_reset.lm.scoring import label_smoothed_loss, sequence_nll, token_nll
 
-LANGS = ("fr", "en", "de")
-SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
 PAD, EOS, BOS, UNK = "<pad>", "</s>", "<s>", "<unk>"
 AGENTS = ("fr-en", "en-de", "en-lm")
 """The three model folders a build writes (speaker, listener, English LM), each with the shared tokenizer."""
 
 
-# ------------------------------------------------------------------------------------------------------- data
-def load_multi30k(data_dir: str | Path, split: str) -> dict[str, list[str]]:
-    """``{lang: lines}`` of one Multi30k split (``train``, ``val``, ``test``), lowercased, aligned line by line.
-    Reads ``<data_dir>/multi30k/<file>.<lang>.gz``."""
-    if split not in SPLITS:
-        raise ValueError(f"split: expected one of {', '.join(SPLITS)}, got {split!r}")
-    out = {}
-    for lang in LANGS:
-        path = Path(data_dir) / "multi30k" / f"{SPLITS[split]}.{lang}.gz"
-        if not path.is_file():
-            raise DataFileError(f"{path}: missing (expected Multi30k task 1, raw text, one sentence per line; "
-                                "see ../shared/data/README.md)")
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            out[lang] = [line.strip().lower() for line in f.read().splitlines()]
-    lengths = {lang: len(lines) for lang, lines in out.items()}
-    if len(set(lengths.values())) != 1:
-        raise DataFileError(f"{Path(data_dir) / 'multi30k'}: the {split} files are not aligned (lines per language: "
-                            f"{lengths})")
-    for lang, lines in out.items():
-        empty = [i for i, t in enumerate(lines) if not t]
-        if empty:
-            raise DataFileError(f"{Path(data_dir) / 'multi30k' / f'{SPLITS[split]}.{lang}.gz'}:{empty[0] + 1}: "
-                                f"empty line ({len(empty)} such)")
-    return out
-
-
-def split_train(n_lines: int, seed: int = 0, pretrain_lines: int | None = None) -> tuple[list[int], list[int]]:
-    """Line indices of the pretraining part and the game part of Multi30k train: a seeded shuffle cut after
-    ``pretrain_lines`` (default: half)."""
-    cut = n_lines // 2 if pretrain_lines is None else pretrain_lines
-    if not 0 < cut < n_lines:
-        raise ValueError(f"pretrain_lines: expected 1 to {n_lines - 1}, got {pretrain_lines}")
-    order = list(range(n_lines))
-    random.Random(f"multi30k-split-{seed}").shuffle(order)
-    return sorted(order[:cut]), sorted(order[cut:])
-
-
-def pretrain_part(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int | None = None
-                  ) -> dict[str, list[str]]:
-    """The pretraining part, all three languages."""
-    idx, _ = split_train(len(train["fr"]), seed, pretrain_lines)
-    return {lang: [lines[i] for i in idx] for lang, lines in train.items()}
-
-
-def game_pairs(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int | None = None
-               ) -> list[tuple[str, str]]:
-    """The game part as (French, German) pairs; the English of these lines is dropped here."""
-    _, idx = split_train(len(train["fr"]), seed, pretrain_lines)
-    return [(train["fr"][i], train["de"][i]) for i in idx]
-
-
+# ------------------------------------------------------------------------------------------------------- BLEU
 def bleu(hypotheses: list[str], references: list[str]) -> float:
     """Corpus BLEU (sacreBLEU's defaults: 13a tokenization, ``exp`` smoothing of zero n-gram counts) of detokenized
     text, one reference per hypothesis; 0-100."""
@@ -132,8 +81,8 @@ class AgentConfig:
     Transformer; this is that shape shrunk for 2 CPU cores)."""
 
     vocab_size: int = 4000
-    """Joint BPE vocabulary size, special tokens included (8000 made a training step 1.8x as slow: the output
-    layer dominated)."""
+    """Joint BPE vocabulary size, special tokens included (a larger one slows every step: the output layer dominates;
+    see BENCHMARKS.md)."""
     d_model: int = 256
     """Width of every model."""
     layers: int = 2
@@ -153,14 +102,14 @@ class AgentConfig:
     warmup: int = 200
     """Warm-up steps."""
     max_epochs: int = 10
-    """At most this many passes over the pretraining half (one pass of a translator: ~100 s on 2 AVX2 cores, 227
-    steps of 64 pairs, compute-bound at ~80 GFLOP/s)."""
+    """At most this many passes over the pretraining half."""
     patience: int = 2
     """Stop after this many epochs without a better validation score (BLEU; the LM: perplexity)."""
     max_tokens: int = 64
-    """Tokens kept per sentence (Multi30k sentences average ~17 tokens; almost none are longer)."""
+    """Tokens kept per sentence (almost no Multi30k sentence is longer)."""
     seed: int = 0
-    """Seeds the weights and the batch order (the train split has its own fixed seed, :func:`split_train`)."""
+    """Seeds the weights and the batch order (the train split has its own fixed seed,
+    :func:`~elastic_reset.data.translation.split_train`)."""
     pretrain_lines: int | None = None
     """Lines of Multi30k train the agents are pretrained on (default: half, 14,500); the game is played on the
     rest. Recorded in ``build_metrics.json``, where the task reads it back."""
@@ -168,8 +117,7 @@ class AgentConfig:
 
 def build_translator(config: AgentConfig, tokenizer):
     """A pre-LayerNorm encoder-decoder Transformer (transformers' M2M100 architecture, sinusoidal positions, tied
-    embeddings). Pre-LN, not Marian's post-LN: measured over one epoch of the pretraining half, val NLL 4.26 at lr
-    2e-3 against 5.47 for Marian at 1e-3 (and Marian did worse at 1.5e-3), so it learns in the epochs a CPU has."""
+    embeddings). Pre-LN, not Marian's post-LN: it learns more in the epochs a CPU has (see BENCHMARKS.md)."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
     torch.manual_seed(config.seed)
@@ -200,21 +148,6 @@ def _inverse_sqrt(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
-def length_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Batches of indices of similar length, in a seeded random order (less padding: each step is cheaper, and a
-    translator's step is compute-bound on 2 cores). Shuffled, sorted by length within windows of 50 batches, cut."""
-    order = list(range(len(lengths)))
-    rng = random.Random(seed)
-    rng.shuffle(order)
-    window = 50 * batch_size
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
-        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
-    rng.shuffle(batches)
-    return batches
-
-
 def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, log, higher_is_better: bool):
     """Epochs of ``batches_of_epoch(epoch) -> iterable of loss closures`` with early stopping on ``score_val``;
     returns (best score, epochs run) and leaves the best weights in ``model``."""
@@ -235,7 +168,7 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
         model.eval()
         score = score_val()
         improved = best is None or (score > best if higher_is_better else score < best)
-        log(f"build-translation: {name} epoch {epoch + 1}: train loss {sum(losses) / len(losses):.3f}, val "
+        log(f"build translation-agents: {name} epoch {epoch + 1}: train loss {sum(losses) / len(losses):.3f}, val "
             f"{'BLEU' if higher_is_better else 'perplexity'} {score:.2f}{' (best)' if improved else ''} "
             f"({time.perf_counter() - t0:.0f} s)")
         if improved:
@@ -251,8 +184,8 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
 
 
 def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> torch.Tensor:
-    nll, mask, logits = seq2seq_nll(model, tokenizer, sources, targets, max_tokens=config.max_tokens,
-                                    return_logits=True)
+    nll, mask, logits = token_nll(model, tokenizer, list(zip(sources, targets)), max_tokens=config.max_tokens,
+                                  return_logits=True)
     return label_smoothed_loss(nll, mask, logits, config.label_smoothing)
 
 
@@ -263,7 +196,7 @@ def pretrain_translator(sources: list[str], targets: list[str], val_sources: lis
     lengths = [len(ids) for ids in tokenizer(targets)["input_ids"]]
 
     def batches(epoch: int):
-        for idx in length_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
+        for idx in length_grouped_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
             yield lambda idx=idx: _smoothed_nll(model, tokenizer, [sources[i] for i in idx],
                                                 [targets[i] for i in idx], config)
 
@@ -276,39 +209,27 @@ def pretrain_translator(sources: list[str], targets: list[str], val_sources: lis
                    "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def lm_nll(model, tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token NLL ``[B, T]`` of the English LM on ``<s> text </s>`` and the mask of scored tokens: the same
-    conditioning (on ``<s>`` alone) as the KL penalty's scoring of a message."""
-    ids = [[tokenizer.bos_token_id] + row[:max_tokens] for row in tokenizer(texts)["input_ids"]]  # row ends in </s>
-    batch, mask = (t.to(model.device) for t in right_pad(ids, tokenizer.pad_token_id))
-    logits = model(input_ids=batch, attention_mask=mask).logits[:, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
-    scored = mask[:, 1:].float()
-    return nll * scored, scored
-
-
 def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, config: AgentConfig, log=print,
                         device: str = "cpu"):
     """The English LM of the KL baseline, early-stopped on val perplexity. Returns (model, info)."""
     model = build_english_lm(config, tokenizer).to(device)
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    # <s> text </s>: conditioned on <s> alone, as the KL penalty scores a message.
+    scoring = {"max_tokens": config.max_tokens, "prepend_bos": True}
 
     def batches(epoch: int):
-        for idx in length_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
+        for idx in length_grouped_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
             chunk = [texts[i] for i in idx]
 
             def loss(chunk=chunk):
-                nll, scored = lm_nll(model, tokenizer, chunk, config.max_tokens)
+                nll, scored = token_nll(model, tokenizer, chunk, **scoring)
                 return nll.sum() / scored.sum()
             yield loss
 
     @torch.no_grad()
     def val_perplexity() -> float:
-        total, count = 0.0, 0.0
-        for start in range(0, len(val_texts), 256):
-            nll, scored = lm_nll(model, tokenizer, val_texts[start:start + 256], config.max_tokens)
-            total, count = total + float(nll.sum()), count + float(scored.sum())
-        return math.exp(total / count)
+        nll, tokens = sequence_nll(model, tokenizer, val_texts, batch_size=256, **scoring)
+        return math.exp(float(nll.double().sum()) / int(tokens.sum()))
 
     t0 = time.perf_counter()
     score, epochs = _train(model, batches, val_perplexity, config, "en-lm", log, higher_is_better=False)
@@ -327,7 +248,7 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
 
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
                  log=print, device: str = "cpu") -> dict:
-    """Everything ``elastic-reset build-translation`` writes into ``out`` (atomically, as one folder):
+    """Everything ``elastic-reset build translation-agents`` writes into ``out`` (atomically, as one folder):
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
     ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests). ``device``:
     where to train (``auto``: CUDA when present); the folder holds the weights the same way either way."""
@@ -340,8 +261,8 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         val = {lang: lines[:limit] for lang, lines in val.items()}
         test = {lang: lines[:limit] for lang, lines in test.items()}
     tokenizer = train_tokenizer(part["fr"] + part["en"] + part["de"], config.vocab_size)
-    log(f"build-translation: joint vocabulary of {len(tokenizer)} tokens on {len(part['fr']):,} pretraining lines "
-        f"x 3 languages")
+    log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {len(part['fr']):,} pretraining "
+        f"lines x 3 languages")
     speaker, speaker_info = pretrain_translator(part["fr"], part["en"], val["fr"], val["en"], tokenizer, config,
                                                 "fr-en", log, device)
     listener, listener_info = pretrain_translator(part["en"], part["de"], val["en"], val["de"], tokenizer, config,
@@ -355,8 +276,9 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
         "torch_threads": torch.get_num_threads(), "device": str(device),
     }
-    log("build-translation: PRETRAINED " + ", ".join(f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
-                                                     for split, s in metrics["pretrained"].items()))
+    log("build translation-agents: PRETRAINED " + ", ".join(
+        f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
+        for split, s in metrics["pretrained"].items()))
 
     def write(tmp: Path) -> None:
         for name, model in zip(AGENTS, (speaker, listener, lm)):
@@ -366,3 +288,21 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
 
     save_folder_atomically(Path(out), write)
     return metrics
+
+
+def build_translation_agents(data_dir: str | Path, out: str | Path | None = None, *, max_epochs: int | None = None,
+                             pretrain_lines: int | None = None, label_smoothing: float | None = None,
+                             device: str = "auto", force: bool = False, log=print) -> tuple[Path, dict]:
+    """``elastic-reset build translation-agents``: :func:`build_agents` with :class:`AgentConfig`'s defaults but for
+    the settings given, into ``out`` (default: where the ``translation_game`` task looks). Returns (out, metrics)."""
+    from elastic_reset.models import translation_agents_path
+
+    out = Path(out) if out else translation_agents_path(required=False)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
+    config = AgentConfig(pretrain_lines=pretrain_lines)
+    if max_epochs is not None:
+        config = replace(config, max_epochs=max_epochs)
+    if label_smoothing is not None:
+        config = replace(config, label_smoothing=label_smoothing)
+    return out, build_agents(data_dir, out, config, log=log, device=device)

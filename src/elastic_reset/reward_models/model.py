@@ -1,11 +1,23 @@
 """A pairwise reward model: a backbone (SmolLM2 with LoRA, all-MiniLM-L6-v2, or a tiny test model) with a scalar
 reward head r(x, y) on the pooled last hidden state of prompt + response, and for the Advantage Model a second
-head e(x) on the prompt alone, the expected reward of the prompt (Peng et al. 2023, eq. 7)."""
+head e(x) on the prompt alone, the expected reward of the prompt (Peng et al. 2023, eq. 7).
+
+Also the settings of one (:class:`RewardModelConfig`), the model they build fresh (:func:`build_model`), and its
+folder: the settings and the trained weights only (:func:`trained_state`), loaded back by :func:`load_reward_model`
+(for the RL engine's reward and for evaluation alike)."""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import torch
 from torch import nn
+
+from elastic_reset.errors import ConfigError
+from elastic_reset.reward_models.losses import AM_MARGIN
 
 POOLING = ("last", "mean")
 
@@ -88,3 +100,124 @@ class PairwiseRewardModel(nn.Module):
         rewards = self.reward_head(at[:, 1:]).squeeze(-1)
         expected = None if self.expected_head is None else self.expected_head(at[:, 0]).squeeze(-1)
         return rewards, expected
+
+
+BACKBONES = ("smollm2", "minilm", "tiny-llama")
+DEFAULT_LR = {"smollm2": 1e-4, "minilm": 3e-5, "tiny-llama": 3e-3}
+"""LoRA on SmolLM2 takes a larger rate than full fine-tuning of MiniLM (StackLLaMA's LoRA reward model: 2e-5 on
+LLaMA-7B with r = 8; these are small models)."""
+WEIGHTS = "trained.pt"
+SETTINGS = "reward_model.json"
+
+
+@dataclass
+class RewardModelConfig:
+    """One reward model's training run."""
+
+    backbone: str = "minilm"
+    """``smollm2`` (SmolLM2-135M-Instruct with LoRA, pooled at the last token, as StackLLaMA's LLaMA + LoRA reward
+    model), ``minilm`` (all-MiniLM-L6-v2, fully fine-tuned, mean-pooled) or ``tiny-llama`` (tests)."""
+    advantage: bool = False
+    """Train the Advantage Model (Peng et al. eq. 6) instead of the Bradley–Terry reward model."""
+    margin: float = AM_MARGIN
+    """m(x) of the Advantage Model's bounding loss."""
+    data: list[str] = field(default_factory=lambda: ["hh-rlhf"])
+    """Named sets (``hh-rlhf``, ``stack-exchange``) read from ``data_dir``, or paths of JSONL pair files."""
+    data_dir: str | None = None
+    """Folder holding ``hh-rlhf/`` and ``stack-exchange-paired/`` (``../shared/data``)."""
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    """Train / val / test fractions of the prompts (each prompt in exactly one part)."""
+    split_seed: int = 0
+    """Seed of the split: fixed across the seeds of a comparison, so RM and AM see the same test set."""
+    lora_r: int = 16
+    """LoRA rank (SmolLM2 only; α = 2r, on q_proj and v_proj)."""
+    lr: float | None = None
+    """AdamW learning rate; None: the backbone's default (:data:`DEFAULT_LR`)."""
+    epochs: float = 1.0
+    """Passes over the training pairs."""
+    batch_size: int = 8
+    """Pairs per optimizer step."""
+    group_by_length: bool = False
+    """Batches of pairs of similar length (transformers' ``LengthGroupedSampler``: sorted within random groups of
+    50 batches) instead of random batches: less padding a step (see BENCHMARKS.md). Off by default, so the
+    committed MiniLM grid (random batches) reproduces."""
+    max_tokens: int = 256
+    """Tokens kept per prompt + response (the end is kept: where the responses differ)."""
+    seed: int = 0
+    """Seeds the heads, LoRA and the batch order."""
+    bf16: bool = False
+    """Train under bf16 autocast (the weights stay fp32; scoring stays fp32): for a GPU; on a CPU it was no faster
+    than fp32 for SmolLM2 + LoRA (see BENCHMARKS.md)."""
+    save_steps: int = 100
+    """The Trainer writes a checkpoint every this many steps (``--resume`` starts from the newest)."""
+
+    def validate(self) -> None:
+        if self.backbone not in BACKBONES and not (Path(self.backbone) / "config.json").is_file():
+            raise ConfigError(f"backbone: expected one of {BACKBONES} or a Hugging Face folder, got {self.backbone!r}")
+        if not self.data:
+            raise ConfigError("data: name at least one preference set (hh-rlhf, stack-exchange) or JSONL file")
+        # Checked before any data or model loads: a bad number must not cost the minutes a model takes to build.
+        for name, value in (("epochs", self.epochs), ("margin", self.margin), ("lr", self.lr)):
+            if name == "lr" and value is None:  # the backbone's default
+                continue
+            finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not (finite and value > 0):
+                raise ConfigError(f"{name}: expected a finite number > 0, got {value!r}")
+        for name in ("seed", "split_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+                raise ConfigError(f"{name}: expected an integer from 0 to {2**32 - 1}, got {value!r}")
+        for name in ("batch_size", "max_tokens", "lora_r", "save_steps"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ConfigError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+
+
+def build_model(config: RewardModelConfig):
+    """(PairwiseRewardModel, tokenizer) with fresh heads (and fresh LoRA adapters on SmolLM2)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.manual_seed(config.seed)
+    if config.backbone == "smollm2":
+        from peft import LoraConfig, get_peft_model
+
+        from elastic_reset.models import load_smollm2
+
+        causal, tokenizer = load_smollm2()
+        backbone = get_peft_model(causal.model, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
+                                                           target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        pooling = "last"
+    elif config.backbone == "tiny-llama":
+        from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+
+        backbone, tokenizer, pooling = tiny_causal_lm(seed=config.seed).model, byte_tokenizer(), "last"
+    else:
+        from elastic_reset.models import minilm_path
+
+        path = minilm_path() if config.backbone == "minilm" else Path(config.backbone)
+        backbone, tokenizer, pooling = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), "mean"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return PairwiseRewardModel(backbone, pooling=pooling, advantage=config.advantage), tokenizer
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights training changed: every parameter that requires grad (LoRA adapters and heads, or all)."""
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_reward_model(path: str | Path):
+    """(PairwiseRewardModel, tokenizer, settings) from a folder
+    :func:`~elastic_reset.reward_models.train.train_reward_model` wrote."""
+    path = Path(path)
+    if not (path / SETTINGS).is_file():
+        raise FileNotFoundError(f"{path}: no {SETTINGS}; train one with `elastic-reset reward-model train`")
+    settings = json.loads((path / SETTINGS).read_text())
+    config = RewardModelConfig(**{**settings["config"], "split": tuple(settings["config"]["split"])})
+    model, tokenizer = build_model(config)
+    state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    expected = set(trained_state(model))
+    if set(state) != expected:
+        raise ValueError(f"{path / WEIGHTS}: its tensors do not match a {config.backbone} "
+                         f"{'Advantage' if config.advantage else 'reward'} model")
+    model.load_state_dict(state, strict=False)
+    return model.eval(), tokenizer, settings

@@ -1,4 +1,6 @@
-"""One pass over a prompt for all of its responses, for a causal (last-token) reward model.
+"""Preference pairs into a model's inputs and scores (:func:`encode_pairs`, :class:`PairCollator`,
+:func:`pair_scores`), for training, evaluation and the RL reward alike; and one pass over a prompt for all of its
+responses, for a causal (last-token) reward model.
 
 A decoder's hidden states on the prompt do not depend on what follows, so the chosen and the rejected response of
 a pair can share one pass over their prompt: a row ``[prompt | chosen | rejected]`` whose attention mask lets each
@@ -11,7 +13,19 @@ Model."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
+
+from elastic_reset.lm.scoring import right_pad
+from elastic_reset.reward_models.losses import advantage
+
+if TYPE_CHECKING:
+    from elastic_reset.data.preferences import PreferencePair
+    from elastic_reset.reward_models.model import PairwiseRewardModel
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -84,3 +98,66 @@ def pack(prompts: list[list[int]], responses: list[list[list[int]]], pad_token_i
     # A padding query attends to itself: a row with nothing to attend to is NaN in scaled_dot_product_attention.
     mask |= torch.eye(width, dtype=torch.bool)
     return {"packed_ids": ids, "packed_positions": positions, "packed_mask": mask[:, None], "packed_ends": ends}
+
+
+@contextmanager
+def truncating_left(tokenizer) -> Iterator:
+    """Within the block the tokenizer cuts a long text from the left: a long dialogue keeps its end, where the
+    responses are (in training and when the trained model scores a policy's text alike)."""
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.truncation_side = side
+
+
+def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int, share_prompt: bool = False) -> list[dict]:
+    """Token ids of each pair, with its ``length`` (the tokens a batch pads it to).
+
+    ``share_prompt`` (a causal model, :attr:`PairwiseRewardModel.shares_prompt`): the prompt once and the two
+    responses, packed into one row by the collator (:mod:`~elastic_reset.reward_models.packing`). Otherwise
+    prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens``."""
+    if share_prompt:
+        encoded = encode_shared_prompts(tokenizer, [p.prompt for p in pairs], [[p.chosen, p.rejected] for p in pairs],
+                                        max_tokens)
+        return [{"prompt": x, "responses": ys, "length": len(x) + sum(map(len, ys))} for x, ys in encoded]
+    with truncating_left(tokenizer):
+        def ids(texts):
+            return tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
+        chosen = ids([p.prompt + p.chosen for p in pairs])
+        rejected = ids([p.prompt + p.rejected for p in pairs])
+        prompts = ids([p.prompt for p in pairs])
+    return [{"chosen": c, "rejected": r, "prompt": x, "length": max(len(c), len(r))}
+            for c, r, x in zip(chosen, rejected, prompts)]
+
+
+@dataclass
+class PairCollator:
+    """Packs each pair's prompt and responses into one row (features of ``encode_pairs(..., share_prompt=True)``),
+    or pads the three sequences of each pair (right padding; the model pools the last real token either way)."""
+
+    pad_token_id: int
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if "responses" in features[0]:
+            return pack([f["prompt"] for f in features], [f["responses"] for f in features], self.pad_token_id)
+        # Chosen and rejected in one batch: one forward for both.
+        pair_ids, pair_mask = right_pad([f["chosen"] for f in features] + [f["rejected"] for f in features],
+                                        self.pad_token_id)
+        prompt_ids, prompt_mask = right_pad([f["prompt"] for f in features], self.pad_token_id)
+        return {"pair_ids": pair_ids, "pair_mask": pair_mask, "prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+
+
+def pair_scores(model: PairwiseRewardModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(score of chosen, score of rejected): rewards, or advantages for the Advantage Model."""
+    if "packed_ids" in batch:
+        rewards, expected = model.packed_scores(batch["packed_ids"], batch["packed_positions"], batch["packed_mask"],
+                                                batch["packed_ends"])
+        chosen, rejected = rewards.unbind(1)
+    else:
+        chosen, rejected = model.reward(batch["pair_ids"], batch["pair_mask"]).chunk(2)
+        expected = model.expected(batch["prompt_ids"], batch["prompt_mask"]) if model.is_advantage_model else None
+    if expected is not None:
+        chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
+    return chosen, rejected

@@ -22,7 +22,7 @@ class PreferenceModelReward:
     """
 
     def __init__(self, path: str | Path, batch_size: int = 16, max_tokens: int | None = None):
-        from elastic_reset.reward_models.build import load_reward_model
+        from elastic_reset.reward_models.model import load_reward_model
 
         self.model, self.tokenizer, settings = load_reward_model(path)
         self.max_tokens = max_tokens or settings["config"]["max_tokens"]
@@ -48,7 +48,7 @@ class PreferenceModelReward:
         return rewards[:, 0] if expected is None else rewards[:, 0] - expected
 
     def _score_separately(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
-        from elastic_reset.reward_models.train import truncating_left
+        from elastic_reset.reward_models.packing import truncating_left
 
         with truncating_left(self.tokenizer):
             def encode(texts):

@@ -1,5 +1,8 @@
-"""Training a pairwise reward model with transformers' ``Trainer`` (its loop, progress bar, checkpoints and
-``resume_from_checkpoint``), the loss being the only part written here.
+"""``elastic-reset reward-model train``: a reward model or Advantage Model trained on named preference data with
+transformers' ``Trainer`` (its loop, progress bar, checkpoints and ``resume_from_checkpoint``), the loss being the
+only part written here; checkpointed by the ``Trainer`` (``--resume`` continues from the newest checkpoint) and
+written atomically as one folder: its settings, its trained weights (the LoRA adapters and heads only, for
+SmolLM2) and its validation and test metrics.
 
 TRL's ``RewardTrainer`` fits the Bradley–Terry model alone: it scores ``AutoModelForSequenceClassification``
 outputs for chosen and rejected and has no place for the Advantage Model's second head e(x) on the prompt or its
@@ -10,86 +13,27 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from elastic_reset.io import atomic_write_text
-from elastic_reset.lm.scoring import right_pad
-from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
-from elastic_reset.reward_models.data import DATASETS, PreferencePair
-from elastic_reset.reward_models.losses import AM_MARGIN, advantage, advantage_model_loss, bradley_terry_loss
-from elastic_reset.reward_models.model import PairwiseRewardModel
-from elastic_reset.reward_models.packing import encode_shared_prompts, pack
-
-
-@contextmanager
-def truncating_left(tokenizer) -> Iterator:
-    """Within the block the tokenizer cuts a long text from the left: a long dialogue keeps its end, where the
-    responses are (in training and when the trained model scores a policy's text alike)."""
-    side = tokenizer.truncation_side
-    tokenizer.truncation_side = "left"
-    try:
-        yield tokenizer
-    finally:
-        tokenizer.truncation_side = side
-
-
-def encode_pairs(pairs: list[PreferencePair], tokenizer, max_tokens: int, share_prompt: bool = False) -> list[dict]:
-    """Token ids of each pair, with its ``length`` (the tokens a batch pads it to).
-
-    ``share_prompt`` (a causal model, :attr:`PairwiseRewardModel.shares_prompt`): the prompt once and the two
-    responses, packed into one row by the collator (:mod:`~elastic_reset.reward_models.packing`). Otherwise
-    prompt + chosen, prompt + rejected and the prompt, each cut to its last ``max_tokens``."""
-    if share_prompt:
-        encoded = encode_shared_prompts(tokenizer, [p.prompt for p in pairs], [[p.chosen, p.rejected] for p in pairs],
-                                        max_tokens)
-        return [{"prompt": x, "responses": ys, "length": len(x) + sum(map(len, ys))} for x, ys in encoded]
-    with truncating_left(tokenizer):
-        def ids(texts):
-            return tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
-        chosen = ids([p.prompt + p.chosen for p in pairs])
-        rejected = ids([p.prompt + p.rejected for p in pairs])
-        prompts = ids([p.prompt for p in pairs])
-    return [{"chosen": c, "rejected": r, "prompt": x, "length": max(len(c), len(r))}
-            for c, r, x in zip(chosen, rejected, prompts)]
-
-
-@dataclass
-class PairCollator:
-    """Packs each pair's prompt and responses into one row (features of ``encode_pairs(..., share_prompt=True)``),
-    or pads the three sequences of each pair (right padding; the model pools the last real token either way)."""
-
-    pad_token_id: int
-
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        if "responses" in features[0]:
-            return pack([f["prompt"] for f in features], [f["responses"] for f in features], self.pad_token_id)
-        # Chosen and rejected in one batch: one forward for both.
-        pair_ids, pair_mask = right_pad([f["chosen"] for f in features] + [f["rejected"] for f in features],
-                                        self.pad_token_id)
-        prompt_ids, prompt_mask = right_pad([f["prompt"] for f in features], self.pad_token_id)
-        return {"pair_ids": pair_ids, "pair_mask": pair_mask, "prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
-
-
-def pair_scores(model: PairwiseRewardModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(score of chosen, score of rejected): rewards, or advantages for the Advantage Model."""
-    if "packed_ids" in batch:
-        rewards, expected = model.packed_scores(batch["packed_ids"], batch["packed_positions"], batch["packed_mask"],
-                                                batch["packed_ends"])
-        chosen, rejected = rewards.unbind(1)
-    else:
-        chosen, rejected = model.reward(batch["pair_ids"], batch["pair_mask"]).chunk(2)
-        expected = model.expected(batch["prompt_ids"], batch["prompt_mask"]) if model.is_advantage_model else None
-    if expected is not None:
-        chosen, rejected = advantage(chosen, expected), advantage(rejected, expected)
-    return chosen, rejected
+from elastic_reset.data.preferences import load_preferences, split_by_prompt
+from elastic_reset.errors import ConfigError
+from elastic_reset.io import atomic_write_text, save_folder_atomically
+from elastic_reset.reward_models.evaluate import evaluate_pairs
+from elastic_reset.reward_models.losses import AM_MARGIN, advantage_model_loss, bradley_terry_loss
+from elastic_reset.reward_models.model import (
+    DEFAULT_LR,
+    SETTINGS,
+    WEIGHTS,
+    RewardModelConfig,
+    build_model,
+    trained_state,
+)
+from elastic_reset.reward_models.packing import PairCollator, encode_pairs, pair_scores
 
 
 class PairwiseTrainer(Trainer):
@@ -166,64 +110,55 @@ def last_complete_checkpoint(folder: str | Path, log=print) -> str | None:
     return None
 
 
-@torch.no_grad()
-def score_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
-                batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """The scores of the chosen and of the rejected response of every pair (the AM's: advantages), in the order of
-    ``pairs``."""
-    was_training = model.training
-    model.eval()
-    collate = PairCollator(tokenizer.pad_token_id)
-    encoded = encode_pairs(pairs, tokenizer, max_tokens, share_prompt=model.shares_prompt)
-    # Scored longest first, so that a batch pads to about its own length (the HH-RLHF + Stack Exchange test split at
-    # 256 tokens: 1.12x the real tokens, 1.54x in file order); the scores go back to their pairs' places.
-    order = sorted(range(len(encoded)), key=lambda i: -encoded[i]["length"])
-    device = next(model.parameters()).device
-    chosen, rejected = np.empty(len(encoded)), np.empty(len(encoded))
-    try:
-        for start in range(0, len(order), batch_size):
-            where = order[start:start + batch_size]
-            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in where]).items()}
-            c, r = pair_scores(model, batch)
-            chosen[where], rejected[where] = c.float().cpu().numpy(), r.float().cpu().numpy()
-    finally:
-        model.train(was_training)
-    return chosen, rejected
+def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bool = False,
+                       progress: bool = True, log=print, callbacks=None) -> dict:
+    """Train, evaluate on val and test, and write ``out`` atomically; checkpoints go to ``out``'s sibling
+    ``<name>.checkpoints`` (kept until the model is written). Returns the metrics."""
+    from transformers import TrainingArguments
 
+    from elastic_reset.lm.device import resolve_device
 
-def pair_metrics(pairs: list[PreferencePair], chosen: np.ndarray, rejected: np.ndarray) -> dict:
-    """Accuracy (with its standard error over prompts, :func:`clustered_accuracy_se`), ECE, log loss, mean
-    confidence and the reliability bins of σ(score_c − score_r) over all pairs; per category the same plus the mean
-    and standard deviation of the scores of all its responses (Peng et al. Fig. 1 and 4: comparable score
-    distributions across tasks); per named preference set present (``hh-rlhf``, ``stack-exchange``) the same
-    numbers (their Table 1 reports HH-RLHF alone)."""
-    margins = chosen - rejected
-    categories = np.asarray([p.category for p in pairs])
-    prompts = np.asarray([p.prompt for p in pairs], dtype=object)
+    config.validate()
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out}: a reward model is already there (choose another --out)")
+    checkpoints = out.parent / f"{out.name}.checkpoints"
+    if checkpoints.exists() and not resume:
+        raise FileExistsError(f"{checkpoints}: an unfinished run is there; continue it with --resume")
+    parts = split_by_prompt(load_preferences(config.data, config.data_dir), config.split, config.split_seed)
+    empty = [name for name, part in parts.items() if not part]
+    if empty:  # found now, not after the training, when the evaluation would have nothing to score
+        raise ConfigError(f"data: the split {tuple(config.split)} by prompt (seed {config.split_seed}) leaves no "
+                          f"{' and no '.join(empty)} pairs out of {sum(map(len, parts.values()))}: give more pairs "
+                          "(more distinct prompts) or other split fractions")
+    log(f"reward-model: {', '.join(f'{k} {len(v):,}' for k, v in parts.items())} pairs")
+    model, tokenizer = build_model(config)
+    args = TrainingArguments(
+        output_dir=str(checkpoints), per_device_train_batch_size=config.batch_size, num_train_epochs=config.epochs,
+        learning_rate=config.lr or DEFAULT_LR.get(config.backbone, 3e-5), weight_decay=0.0, warmup_steps=0.05,
+        lr_scheduler_type="linear", logging_steps=10, save_strategy="steps", save_steps=config.save_steps,
+        save_total_limit=2, report_to=[], remove_unused_columns=False, bf16=config.bf16,
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
+        disable_tqdm=not progress, seed=config.seed, data_seed=config.seed, use_cpu=resolve_device().type != "cuda")
+    trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
+                              train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
+                                                         share_prompt=model.shares_prompt),
+                              data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
+    start = last_complete_checkpoint(checkpoints, log) if resume and checkpoints.is_dir() else None
+    clock = TrainingClock(start)
+    trainer.add_callback(clock)
+    trainer.train(resume_from_checkpoint=start)
+    metrics = {"train_seconds": clock.seconds(), "train_pairs": len(parts["train"]),
+               "train_loss": [r["loss"] for r in trainer.state.log_history if "loss" in r]}
+    for split in ("val", "test"):
+        metrics[split] = evaluate_pairs(model, parts[split], tokenizer, config.max_tokens)
+        log(f"reward-model: {split} accuracy {metrics[split]['accuracy']:.3f}, ECE {metrics[split]['ece']:.3f}")
 
-    def numbers(cal, where) -> dict:  # one list of the reported numbers, for every subset alike
-        return {"pairs": int(np.sum(where)), "prompts": len(set(prompts[where].tolist())), "accuracy": cal.accuracy,
-                "accuracy_se": clustered_accuracy_se(margins[where], prompts[where]), "ece": cal.ece,
-                "log_loss": cal.log_loss, "confidence": cal.confidence}
+    def write(tmp: Path) -> None:
+        torch.save(trained_state(model), tmp / WEIGHTS)
+        settings = {"config": asdict(config), "metrics": metrics}
+        (tmp / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
-    def summary(where) -> dict:
-        return numbers(calibration(margins[where]), where)
-
-    everything = calibration(margins)
-    per_category = {}
-    for cat in sorted(set(categories.tolist())):
-        where = categories == cat
-        scores = np.concatenate([chosen[where], rejected[where]])
-        per_category[cat] = {"mean": float(scores.mean()), "std": float(scores.std()), "responses": int(scores.size),
-                             **summary(where)}
-    members = {name: np.isin(categories, cats) for name, cats in DATASETS.items()}
-    datasets = {name: summary(where) for name, where in members.items() if where.any()}
-    return {**numbers(everything, np.ones(len(pairs), dtype=bool)), "categories": per_category, "datasets": datasets,
-            "bins": {"confidence": everything.bin_confidence.tolist(), "accuracy": everything.bin_accuracy.tolist(),
-                     "count": everything.bin_count.tolist()}}
-
-
-def evaluate_pairs(model: PairwiseRewardModel, pairs: list[PreferencePair], tokenizer, max_tokens: int,
-                   batch_size: int = 16) -> dict:
-    """:func:`pair_metrics` of the model's scores on ``pairs``."""
-    return pair_metrics(pairs, *score_pairs(model, pairs, tokenizer, max_tokens, batch_size))
+    save_folder_atomically(out, write)
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return metrics

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from elastic_reset.data.preferences import load_hh_rlhf, split_by_prompt
 from elastic_reset.errors import ConfigError
-from elastic_reset.reward_models.data import load_hh_rlhf, split_by_prompt
 from elastic_reset.reward_models.reward import PreferenceModelReward
 from elastic_reset.tasks.base import Task, register_task
 

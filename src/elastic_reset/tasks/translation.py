@@ -4,7 +4,7 @@ The policy is the FR→EN *speaker* (``model.name: translation-fr-en``). For a F
 message; the EN→DE *listener* (:class:`~elastic_reset.rewards.listener.ListenerReward`) reads it, and the reward is
 how well the listener recovers the true German. The listener trains on every batch (cross-entropy on the sampled
 English and the true German), so the game is played with French–German pairs only: the game half of Multi30k
-train (:func:`~elastic_reset.pretrain.translation.game_pairs`), whose English nothing reads.
+train (:func:`~elastic_reset.data.translation.game_pairs`), whose English nothing reads.
 
 - **Task score**: FR→EN→DE BLEU (``eval/task_bleu``): the listener's greedy German from the speaker's English
   against the true German. Set ``eval.greedy: true`` so that the speaker's messages are greedy too.
@@ -14,7 +14,9 @@ train (:func:`~elastic_reset.pretrain.translation.game_pairs`), whose English no
 - ``pretrain_texts``: (French, English) pairs of the pretraining half, for the multitask / S2P loss.
 - ``reference_lm``: the English LM of the pretraining half, for ``kl.reference: lm`` (the paper's KL PENALTY).
 
-Build the agents first: ``elastic-reset build-translation --data-dir ../shared/data``.
+Build the agents first: ``elastic-reset build translation-agents --data-dir ../shared/data``. The data and its split:
+:mod:`elastic_reset.data.translation`; BLEU: :func:`elastic_reset.pretrain.translation.bleu` (the agents' build
+early-stops on it).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from elastic_reset.data.translation import game_pairs, load_multi30k, pretrain_part
 from elastic_reset.errors import ConfigError
-from elastic_reset.pretrain.translation import bleu, game_pairs, load_multi30k, pretrain_part
+from elastic_reset.pretrain.translation import bleu
 from elastic_reset.rewards.listener import ListenerReward
 from elastic_reset.tasks.base import Task, register_task
 
@@ -31,7 +34,7 @@ from elastic_reset.tasks.base import Task, register_task
 @register_task("translation_game")
 def translation_game_task(data_dir: str | None = None, agents: str | None = None, listener_lr: float = 1e-4,
                           max_tokens: int = 64) -> Task:
-    """Options: ``agents``, the folder ``build-translation`` wrote (default: the cache); ``listener_lr``, the
+    """Options: ``agents``, the folder ``build translation-agents`` wrote (default: the cache); ``listener_lr``, the
     listener's AdamW learning rate (0: a fixed listener); ``max_tokens``, tokens of a message or reference the
     listener reads."""
     from elastic_reset.models import translation_agents_path

@@ -1,5 +1,6 @@
 """Preference pairs: a JSONL file of ``{"prompt", "chosen", "rejected"}``, HH-RLHF and the small Stack Exchange
-sets of ``../shared/data`` by name, and a deterministic split by prompt (no prompt in two parts)."""
+sets of ``../shared/data`` by name (:func:`load_preferences` reads either), and a deterministic split by prompt (no
+prompt in two parts)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from elastic_reset.errors import DataFileError
+from elastic_reset.errors import ConfigError, DataFileError
 
 HH_SUBSETS = {"helpful": "helpful-base", "harmless": "harmless-base"}
 SE_SITES = ("beer", "coffee")
@@ -37,6 +38,21 @@ class PreferencePair:
 
 def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+NO_PREFERENCE = "the answers are identical or empty"
+
+
+def keep_preferences(pairs: list[PreferencePair], source: str, left_out: int = 0, why: str = NO_PREFERENCE
+                     ) -> list[PreferencePair]:
+    """``pairs`` without those that state no preference (chosen and rejected identical, or one empty): they would
+    teach nothing and count as a tie in every metric. The JSONL reader and the HH-RLHF loader alike leave them out
+    with one warning naming ``source`` and how many (plus ``left_out`` the caller dropped for ``why``)."""
+    kept = [p for p in pairs if p.chosen and p.rejected and p.chosen != p.rejected]
+    left_out += len(pairs) - len(kept)
+    if left_out:
+        warnings.warn(f"{source}: {left_out} pair(s) left out ({why})", stacklevel=3)
+    return kept
 
 
 def read_pairs(path: str | Path) -> list[PreferencePair]:
@@ -66,6 +82,7 @@ def read_pairs(path: str | Path) -> list[PreferencePair]:
             if not isinstance(category, str):
                 raise DataFileError(f"{where}: field 'category' must be a string")
             pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"], category))
+    pairs = keep_preferences(pairs, str(path), why="chosen and rejected are identical: no preference")
     if not pairs:
         raise DataFileError(f"{path}: no preference pairs in it")
     return pairs
@@ -85,7 +102,7 @@ def load_hh_rlhf(data_dir: str | Path, categories: tuple[str, ...] = ("helpful",
     """HH-RLHF's helpful-base and harmless-base test files (the only ones here) as pairs. A pair whose two
     transcripts differ before their last answer (14 of 4,666), or whose answers are identical or empty (10), has no
     single prompt or no preference: it is left out, with a warning that counts them."""
-    pairs, left_out = [], 0
+    pairs, split_apart = [], 0
     for category in categories:
         if category not in HH_SUBSETS:
             raise DataFileError(f"hh-rlhf: unknown category {category!r} (expected one of {sorted(HH_SUBSETS)})")
@@ -100,14 +117,12 @@ def load_hh_rlhf(data_dir: str | Path, categories: tuple[str, ...] = ("helpful",
                     other, rejected = split_hh_dialogue(row["rejected"])
                 except (KeyError, ValueError) as e:
                     raise DataFileError(f"{path}:{number}: not an HH-RLHF pair ({e})") from None
-                if other != prompt or chosen == rejected or not chosen or not rejected:
-                    left_out += 1
+                if other != prompt:
+                    split_apart += 1
                     continue
                 pairs.append(PreferencePair(prompt, chosen, rejected, category))
-    if left_out:
-        warnings.warn(f"hh-rlhf: {left_out} pair(s) left out (the two transcripts differ before the last answer, "
-                      f"or the answers are identical or empty)", stacklevel=2)
-    return pairs
+    return keep_preferences(pairs, "hh-rlhf", split_apart,
+                            f"the two transcripts differ before the last answer, or {NO_PREFERENCE}")
 
 
 class _Text(HTMLParser):
@@ -149,6 +164,20 @@ def load_stack_exchange(data_dir: str | Path, sites: tuple[str, ...] = SE_SITES)
                 prompt = f"Question: {row['title']}\n\n{html_to_text(row['question'])}\n\nAnswer: "
                 pairs.append(PreferencePair(prompt, html_to_text(row["response_j"]),
                                             html_to_text(row["response_k"]), site))
+    return pairs
+
+
+def load_preferences(data: list[str], data_dir: str | Path | None) -> list[PreferencePair]:
+    """The pairs of every name in ``data``: a named set (``hh-rlhf``, ``stack-exchange``) read from ``data_dir``, or
+    the path of a JSONL pair file (:func:`read_pairs`)."""
+    pairs = []
+    for name in data:
+        if name in DATASETS:
+            if data_dir is None:
+                raise ConfigError(f"data_dir: {name!r} is read from a data folder (e.g. ../shared/data)")
+            pairs += load_hh_rlhf(data_dir) if name == "hh-rlhf" else load_stack_exchange(data_dir)
+        else:
+            pairs += read_pairs(name)
     return pairs
 
 
