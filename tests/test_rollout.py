@@ -169,7 +169,8 @@ def test_padded_prompt_gives_same_continuation(arch):
     batch_ids = torch.cat([torch.cat([torch.full((1, 5), PAD), ids], 1), other], 0)
     batch_mask = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), mask], 1), other_mask], 0)
     responses = torch.cat([plain.response_ids, plain.response_ids], 0)
-    out = forward_response(model, batch_ids, batch_mask, responses, torch.ones(2, 10))
+    batch = Rollout(batch_ids, batch_mask, responses, torch.ones(2, 10), torch.zeros(2, 10))
+    out = forward_response(model, batch)
     torch.testing.assert_close(out.logprobs[:1].detach(), plain.logprobs, atol=1e-5, rtol=0)
 
 
@@ -686,7 +687,8 @@ def test_forward_response_entropy_is_the_categorical_entropy_and_its_gradient(ma
     if masked:
         response = torch.where(allowed.gather(-1, response[..., None]).squeeze(-1), response, 0)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    out = forward_response(Fixed(), query, query, response, mask, action_mask=allowed, entropy_grad=True)
+    batch = Rollout(query, query, response, mask, torch.zeros_like(mask))
+    out = forward_response(Fixed(), batch, action_mask=allowed, entropy_grad=True)
     ref_logits = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     expected = torch.distributions.Categorical(logits=ref_logits).entropy() * mask
     assert torch.allclose(out.entropy, expected, atol=1e-6)

@@ -19,6 +19,7 @@ import torch
 
 # resolve_device lives in lm.device; importable from here too, where the RL engine has always found it.
 from elastic_reset.lm.device import resolve_device as resolve_device
+from elastic_reset.lm.rollout import Rollout
 
 NEG_INF = float("-inf")
 
@@ -244,18 +245,13 @@ def label_smoothed_loss(nll: torch.Tensor, mask: torch.Tensor, logits: torch.Ten
     return ((1 - epsilon) * nll.sum() + epsilon * smooth.sum()) / mask.sum().clamp(min=1)
 
 
-def forward_response(model, batch_or_query_ids, query_mask: torch.Tensor | None = None,
-                     response_ids: torch.Tensor | None = None, response_mask: torch.Tensor | None = None, *,
-                     temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
-                     return_hidden: bool = False, action_mask: torch.Tensor | None = None,
-                     return_logits: bool = False, entropy_grad: bool = False,
-                     compute_entropy: bool = True) -> ResponseOutput:
-    """One teacher-forced forward over prompt + response, with grad: per response token its log-prob, the entropy
-    of the distribution it was drawn from, and optionally the hidden state that predicts it.
-
-    Call as ``forward_response(model, rollout)`` or ``forward_response(model, query_ids, query_mask, response_ids,
-    response_mask)``. The action mask is never taken from the rollout implicitly: pass
-    ``action_mask=rollout.action_mask`` for NLPO's masked distribution.
+def forward_response(model, rollout: Rollout, *, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
+                     return_hidden: bool = False, action_mask: torch.Tensor | None = None, return_logits: bool = False,
+                     entropy_grad: bool = False, compute_entropy: bool = True) -> ResponseOutput:
+    """One teacher-forced forward over ``rollout``'s prompts + responses, with grad: per response token its
+    log-prob, the entropy of the distribution it was drawn from, and optionally the hidden state that predicts it.
+    The action mask is never taken from the rollout implicitly: pass ``action_mask=rollout.action_mask`` for
+    NLPO's masked distribution.
 
     Decoder-only: the input is the left-padded prompt followed by the response minus its last token (nothing is
     predicted from the last one), the attention mask is ``cat(query_mask, response_mask)`` (EOS included, padding
@@ -274,15 +270,8 @@ def forward_response(model, batch_or_query_ids, query_mask: torch.Tensor | None 
         compute_entropy: False skips the entropy (``entropy`` is then None): two vocabulary-sized passes saved
             for forwards that only need log-probs (the KL reference, PPO's old log-probs).
     """
-    if hasattr(batch_or_query_ids, "response_ids"):  # a Rollout, or anything with its four tensors
-        if query_mask is not None or response_ids is not None or response_mask is not None:
-            raise TypeError("forward_response: pass either a Rollout or the four tensors, not both")
-        r = batch_or_query_ids
-        query_ids, query_mask, response_ids, response_mask = r.query_ids, r.query_mask, r.response_ids, r.response_mask
-    else:
-        query_ids = batch_or_query_ids
-        if query_mask is None or response_ids is None or response_mask is None:
-            raise TypeError("forward_response: query_mask, response_ids and response_mask are required with tensors")
+    query_ids, query_mask = rollout.query_ids, rollout.query_mask
+    response_ids, response_mask = rollout.response_ids, rollout.response_mask
     if not temperature > 0:
         raise ValueError(f"temperature: must be > 0, got {temperature!r}")
     check_query(model, query_ids, query_mask)

@@ -18,7 +18,8 @@ from torch import nn
 from elastic_reset.errors import ConfigError
 from elastic_reset.lm.scoring import ResponseOutput, forward_response, token_nll
 from elastic_reset.rl.config import ModelConfig, SamplingConfig
-from elastic_reset.rl.sampling import Rollout, sample
+from elastic_reset.lm.rollout import Rollout
+from elastic_reset.rl.sampling import sample
 
 
 class ValueHead(nn.Module):

@@ -40,7 +40,7 @@ from elastic_reset.rl.policy import (
 )
 from elastic_reset.rl.reward import CheckedReward
 from elastic_reset.rl.rundir import RunDirectory
-from elastic_reset.rl.sampling import Rollout
+from elastic_reset.lm.rollout import Rollout
 from elastic_reset.tasks import Task, get_task
 
 
