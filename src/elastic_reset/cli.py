@@ -175,33 +175,22 @@ def _accuracy(metrics: dict) -> str:
     return f"{metrics['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+def _number(convert, ok, expected: str):
+    """An argparse ``type`` that refuses, while parsing (before any model loads), what ``ok`` does not accept."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    """A finite number > 0 (a learning rate, a number of epochs): refused while parsing, before a model loads."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    """A seed numpy accepts too (transformers seeds it): 0 to 2**32 - 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {2**32 - 1}, got {text}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {2**32 - 1}, got {text}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+_seed = _number(int, lambda v: 0 <= v < 2**32, f"an integer from 0 to {2**32 - 1}")  # numpy's range (transformers)
 
 
 def _add_report_metrics(parser: argparse.ArgumentParser) -> None:
