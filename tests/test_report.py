@@ -158,7 +158,7 @@ def test_summary_dominance_and_figures_of_known_runs(fake_runs, tmp_path):
     assert row["range"] == [0.0, 1.0]
     assert (row["a_better"], row["b_better"]) == (0.0, 1.0)
     assert row["area"] == pytest.approx(-10.0, rel=0.05)              # 10 perplexity better over a range of 1
-    assert "elastic_reset on 100%" in format_dominance([row])
+    assert "elastic_reset on 100%, equal on 0%" in format_dominance([row])
     assert "31 ± 1" in format_table(summary)
 
     plot_pareto(groups, tmp_path / "p.png")
@@ -473,3 +473,21 @@ def test_a_nan_final_evaluation_is_tabled_as_n_a_with_a_warning_naming_run_step_
     table = capsys.readouterr().out.split("Final evaluation")[1]
     kl_row = next(line for line in table.splitlines() if line.startswith("kl "))
     assert kl_row.rstrip().endswith("n/a")
+
+
+def test_one_seed_has_no_standard_error_in_the_table(fake_runs):
+    groups = group_runs([load_run(d) for d in sorted(fake_runs.glob("*/seed0"))])
+    table = format_table(summarize(groups))
+    assert "30 ± n/a" in table and "± 0" not in table  # elastic_reset seed 0: final perplexity 30
+
+
+def test_dominance_says_where_the_frontiers_are_equal(tmp_path):
+    # Equal drift up to reward 0.5, then `b` is better: the three parts of the range add up to 100 %.
+    for label, ppl in (("a", [20, 25, 30, 40, 50]), ("b", [20, 25, 30, 35, 40])):
+        write_run(tmp_path / label / "seed0", "kl", 0, [(2 * i, r, p) for i, (r, p) in
+                                                        enumerate(zip([0.0, 0.25, 0.5, 0.75, 1.0], ppl))])
+    runs = [load_run(tmp_path / label / "seed0", method=label) for label in ("a", "b")]
+    (row,) = dominance_summary(group_runs(runs))
+    text = format_dominance([row])
+    tied = round(100 * (1 - row["a_better"] - row["b_better"]))
+    assert 40 <= tied <= 60 and f"equal on {tied}%" in text

@@ -446,3 +446,11 @@ def test_os_error_with_debug_shows_the_traceback(tmp_path, monkeypatch):
     with pytest.raises(OSError) as caught:
         main(["--debug", "train", str(TINY), "--out", str(tmp_path / "run")])
     assert caught.value is error
+
+
+def test_version_is_the_installed_package_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"elastic-reset {version('elastic-reset')}"

@@ -175,6 +175,15 @@ def _accuracy(metrics: dict) -> str:
     return f"{metrics['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("elastic-reset")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _number(convert, ok, expected: str):
     """An argparse ``type`` that refuses, while parsing (before any model loads), what ``ok`` does not accept."""
     def parse(text: str):
@@ -279,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-reset", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train one run from a YAML config")

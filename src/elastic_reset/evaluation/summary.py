@@ -92,9 +92,10 @@ def dominance_summary(groups: dict[str, list[Run]]) -> list[dict[str, Any]]:
                            "their ranges do not overlap): no comparison")
         else:
             lo, hi = result["range"]
+            tied = 1.0 - result["a_better"] - result["b_better"]  # where the two mean frontiers coincide
             row["text"] = (f"{a} vs {b}: over reward [{lo:.4g}, {hi:.4g}], {a} has the better {metric.label} on "
-                           f"{result['a_better']:.0%} of the range, {b} on {result['b_better']:.0%}; "
-                           f"area between frontiers {result['area']:+.4g} (positive: {a} better)")
+                           f"{result['a_better']:.0%} of the range, {b} on {result['b_better']:.0%}, equal on "
+                           f"{tied:.0%}; area between frontiers {result['area']:+.4g} (positive: {a} better)")
         rows.append(row)
     return rows
 
@@ -139,20 +140,23 @@ def summarize(groups: dict[str, list[Run]]) -> dict[str, Any]:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The final table of :func:`summarize`: one line per method."""
-    def pm(entry: dict[str, Any]) -> str:
+    def pm(entry: dict[str, Any], seeds: int) -> str:
         mean, se = entry["mean"], entry["se"]
         if mean is None:
             return "n/a"
+        if seeds < 2:  # one seed has no standard error: "± 0" would claim a certainty it lacks
+            return f"{mean:.4g} ± n/a"
         return f"{mean:.4g} ± {se:.2g}" if se is not None else f"{mean:.4g}"
 
     score, drift = summary.get("score", "reward"), summary["drift"]
     header = ["method", "seeds", "final step", f"final {score}", f"final {drift}"]
     rows = [[name, str(m["n_seeds"]), ",".join(str(s) for s in sorted(set(m["final_steps"]))),
-             pm(m["final_reward"]), pm(m["final_drift"])] for name, m in summary["methods"].items()]
+             pm(m["final_reward"], m["n_seeds"]), pm(m["final_drift"], m["n_seeds"])]
+            for name, m in summary["methods"].items()]
     if all("test_score" in m for m in summary["methods"].values()):
         header += [f"test {score}", f"test {drift}"]
         for row, m in zip(rows, summary["methods"].values()):
-            row += [pm(m["test_score"]), pm(m["test_drift"])]
+            row += [pm(m["test_score"], m["n_seeds"]), pm(m["test_drift"], m["n_seeds"])]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
