@@ -459,3 +459,9 @@ def test_kl_reference_ema_follows_the_methods_flag():
             assert config_from_dict({}, overrides).kl.reference == "ema"
         else:
             assert refused(*overrides).startswith("kl.reference: 'ema' needs a method that keeps an EMA")
+
+
+def test_a_missing_config_points_to_the_shipped_one_of_that_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"tiny\.yaml: config file not found; a shipped config of that name is "
+                                          r".*elastic_reset/configs/tiny\.yaml$"):
+        load_config(tmp_path / "configs" / "tiny.yaml")

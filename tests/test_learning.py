@@ -15,7 +15,7 @@ import torch
 
 from elastic_reset.rl import policy as policy_module
 from elastic_reset.rl.trainer import RLTrainer
-from helpers import evals, independent_top_p, learning_config
+from helpers import ROOT, evals, independent_top_p, learning_config
 
 
 def train(tmp_path, *overrides: str) -> tuple[RLTrainer, dict[int, dict]]:
@@ -133,3 +133,12 @@ def test_multitask_keeps_the_pretraining_text_likely(tmp_path):
     multitask, _ = train(tmp_path / "multitask", "method.name=multitask", "method.multitask_coef=1.0",
                          "eval.every=0")
     assert pretrain_nll(multitask) < pretrain_nll(plain) - 0.5
+
+
+def test_the_smoke_config_visibly_learns(tmp_path):
+    # configs/smoke.yaml is what a newcomer runs to see the install work: its held-out reward must rise clearly.
+    from elastic_reset.rl.config import load_config
+
+    records = RLTrainer(load_config(ROOT / "configs" / "smoke.yaml", ["progress=false"]), tmp_path / "run").train()
+    first, last = evals(records)[0]["eval/reward"], evals(records)[30]["eval/reward"]
+    assert first < 0.1 and last > 0.9

@@ -556,7 +556,10 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML file into a validated :class:`TrainConfig`."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        shipped = Path(__file__).resolve().parents[1] / "configs"
+        hint = (f"; a shipped config of that name is {shipped / path.name}" if (shipped / path.name).is_file()
+                else f"; the shipped configs are in {shipped}")
+        raise ConfigError(f"{path}: config file not found{hint}")
     try:
         data = yaml.load(_read_text(path), _Loader)
     except _Refused as err:
