@@ -465,3 +465,27 @@ def test_a_missing_config_points_to_the_shipped_one_of_that_name(tmp_path):
     with pytest.raises(ConfigError, match=r"tiny\.yaml: config file not found; a shipped config of that name is "
                                           r".*elastic_reset/configs/tiny\.yaml$"):
         load_config(tmp_path / "configs" / "tiny.yaml")
+
+
+def test_every_setting_is_listed_once_with_its_type_default_and_docstring():
+    from elastic_reset.rl.config import describe_fields
+    from elastic_reset.rl.methods import method_keys
+
+    rows = {key: (kind, default, doc) for key, kind, default, doc in describe_fields()}
+    assert len(rows) == len(describe_fields())
+    undocumented = [key for key, (_, _, doc) in rows.items() if not doc.strip("[] ")]
+    assert not undocumented
+
+    def dotted(data, prefix=""):
+        for key, value in data.items():
+            if isinstance(value, dict) and key != "options":
+                yield from dotted(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+
+    with_lora = config_from_dict({}, ["model.lora={r: 4}"])
+    assert set(dotted(config_to_dict(with_lora))) | {"model.lora"} <= set(rows)
+    assert {f"method.{k}" for keys in method_keys().values() for k in keys} <= set(rows)
+    assert rows["algo.lr"] == ("float", "1e-05", "Adam learning rate (RL4LMs IMDB: 1e-6 with full fine-tuning; "
+                                                 "LoRA wants more).")
+    assert rows["kl.estimator"][0] == "'k1' | 'k3'" and rows["model.lora.r"][:2] == ("int", "16")

@@ -14,6 +14,7 @@ import functools
 import math
 import re
 import reprlib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -592,3 +593,70 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
         if key != "steps" and saved.get(key) != resolved.get(key):
             raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only `steps` "
                               "may change when a run is continued")
+
+
+# ------------------------------------------------------------------------------------------- documentation
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstrings written under a dataclass's fields (attribute docstrings, which Python does not keep)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _type_name(hint: Any) -> str:
+    """A type hint as a reader writes it: ``int``, ``float | None``, ``'k1' | 'k3'``, ``list[str]``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " | ".join(map(repr, args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if hint is type(None):
+        return "None"
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return "any" if hint is Any else getattr(hint, "__name__", str(hint))
+
+
+def describe_fields() -> list[tuple[str, str, str, str]]:
+    """Every setting of a run config as ``(dotted key, type, default, docstring)``: the sections of
+    :class:`TrainConfig`, then each drift method's own settings under ``method.*`` (with the methods they belong to)."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        docs, hints = _field_docs(cls), typing.get_type_hints(cls, include_extras=True)
+        for f in dataclasses.fields(cls):
+            if f.name == "method" and cls is TrainConfig:
+                rows.append(("method.name", "str", "'kl'", f"the drift-control method: one of {', '.join(METHODS)}"))
+                for method_cls in dict.fromkeys(c for c in METHOD_CLASSES.values()):
+                    names = ", ".join(n for n, c in METHOD_CLASSES.items() if c is method_cls)
+                    for mf in dataclasses.fields(method_cls.Config):
+                        if mf.name != "name":
+                            mdocs = _field_docs(method_cls.Config)
+                            rows.append((f"method.{mf.name}", _type_name(typing.get_type_hints(
+                                method_cls.Config, include_extras=True)[mf.name]), repr(mf.default),
+                                f"[{names}] {mdocs.get(mf.name, '')}"))
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                default = f.default_factory()  # type: ignore[misc]
+            if dataclasses.is_dataclass(default):
+                walk(type(default), f"{prefix}{f.name}.")
+                continue
+            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), repr(default), docs.get(f.name, "")))
+            inner = [t for t in typing.get_args(hints[f.name]) if isinstance(t, type) and issubclass(t, Section)]
+            if inner:  # an optional section (model.lora): its settings once it is given
+                walk(inner[0], f"{prefix}{f.name}.")
+
+    walk(TrainConfig, "")
+    return rows
