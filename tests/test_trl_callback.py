@@ -17,10 +17,10 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import pytest
 import torch
 from datasets import Dataset
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from elastic_reset.integrations import trl as integration
-from elastic_reset.integrations.trl import STATE_FILE, ElasticResetCallback
+from elastic_reset.integrations.trl import EMA_DIR, STATE_FILE, ElasticResetCallback
 from elastic_reset.models import byte_tokenizer, tiny_causal_lm
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
@@ -206,6 +206,11 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
     assert [(e.step, e.index) for e in callback.events] == [(2, 1)]
     step_logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["elastic_reset/resets"] for h in step_logs] == [0, 1, 1]
+    # The final EMA of the adapters, as a peft adapter folder beside the tokenizer.
+    saved = peft.PeftModel.from_pretrained(tiny_causal_lm(hidden=64, layers=2), tmp_path / EMA_DIR)
+    params = dict(saved.named_parameters())
+    assert all(torch.equal(params[n], e) for n, e in zip(er.names, er.ema))
+    assert AutoTokenizer.from_pretrained(tmp_path / EMA_DIR).eos_token_id == byte_tokenizer().eos_token_id
 
 
 # ---------------------------------------------------------------------------------------------- plain HF Trainer
@@ -240,6 +245,23 @@ def test_trainer_steps_once_per_optimizer_step_and_attach_reaches_earlier_callba
     seen = [log for log in lm_run.spy.logs if "loss" in log]
     assert [log["elastic_reset/resets"] for log in seen] == [0, 1, 1, 2]
     assert all("elastic_reset/distance" in h for h in lm_run.trainer.state.log_history if "loss" in h)
+
+
+def test_the_final_ema_is_saved_with_save_pretrained(lm_run):
+    er = lm_run.callback.elastic_reset
+    saved = dict(AutoModelForCausalLM.from_pretrained(lm_run.out / EMA_DIR).named_parameters())
+    assert set(er.names) <= set(saved)
+    assert all(torch.equal(saved[n], e) for n, e in zip(er.names, er.ema))
+    # The trainer's model keeps the policy's own weights, which differ from the EMA after step 4's reset.
+    assert er.distance() > 0.1
+    assert not [p for p in lm_run.out.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def test_save_ema_false_writes_no_folder(tmp_path):
+    callback = ElasticResetCallback(decay=DECAY, reset_every=RESET_EVERY, save_ema=False)
+    _lm_trainer(tmp_path, [callback], max_steps=1).train()
+    assert callback.elastic_reset.num_steps == 1
+    assert not (tmp_path / EMA_DIR).exists()
 
 
 def test_resume_from_a_folder_outside_output_dir(lm_run, tmp_path):

@@ -6,6 +6,7 @@
                   [--score reward|task_bleu]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
+    elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
     elastic-reset demo [--out DIR] [--steps N]
     elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
@@ -88,6 +89,21 @@ def _pareto(args: argparse.Namespace) -> int:
     print(format_dominance(rows))
     print(format_table(summary))
     print(f"figures written to {args.out} and {curves_path(args.out)}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import shlex
+
+    from elastic_reset.rl.export import export_run
+
+    # The command as parsed, in canonical form, for the model card.
+    command = ["elastic-reset", "export", args.run, "--out", args.out]
+    command += (["--step", str(args.step)] if args.step is not None else []) + ["--ema"] * args.ema
+    command += ["--merge"] * args.merge + (["--push-to-hub", args.push_to_hub] if args.push_to_hub else [])
+    out = export_run(args.run, args.out, step=args.step, ema=args.ema, merge=args.merge,
+                     push_to_hub=args.push_to_hub, command=shlex.join(command))
+    print(f"policy written to {out}" + (f" and pushed to {args.push_to_hub}" if args.push_to_hub else ""))
     return 0
 
 
@@ -323,6 +339,19 @@ def build_parser() -> argparse.ArgumentParser:
     pareto.add_argument("--out", required=True, help="Pareto figure (PNG); the curves go to <stem>_curves.png")
     _add_report_metrics(pareto)
     pareto.set_defaults(func=_pareto)
+
+    export = sub.add_parser("export", help="a run's policy as a save_pretrained folder (LoRA adapter, merged or "
+                                           "full model) with its tokenizer and a model card")
+    export.add_argument("run", metavar="RUN_DIR", help="a run directory (`elastic-reset train --out`)")
+    export.add_argument("--out", required=True, help="the folder to write")
+    export.add_argument("--step", type=_positive_int, default=None, help="the checkpoint of this step (default: "
+                        "the latest)")
+    export.add_argument("--ema", action="store_true", help="the EMA weights of Elastic Reset instead of the policy's")
+    export.add_argument("--merge", action="store_true", help="with LoRA: fold the adapter into the base and write "
+                        "the full model (default: the adapter alone)")
+    export.add_argument("--push-to-hub", metavar="REPO", default=None, help="also upload the folder to this "
+                        "Hugging Face Hub repository (needs a token: `hf auth login` or HF_TOKEN)")
+    export.set_defaults(func=_export)
 
     demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA), ~11 min on a CPU")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")

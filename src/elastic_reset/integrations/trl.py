@@ -12,6 +12,8 @@ every optimizer step, and every n steps reset the policy to it (θ ← θ̄) and
 - ``on_log`` (``Trainer.log``): *after* a copy of ``logs`` was appended to ``state.log_history``, and for each
   callback in list order, reporting integrations (W&B, TensorBoard, ...) before the callbacks the user passed.
 - ``on_save`` (``_maybe_log_save_evaluate``): after ``checkpoint-{global_step}`` is fully written.
+- ``on_train_end`` (``_inner_training_loop``): after the last step (and the best model's reload, if asked for).
+  The final EMA is saved here, as TRL's ``BEMACallback`` saves its average to ``output_dir/bema``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from elastic_reset.core import ElasticReset, ResetEvent
-from elastic_reset.io import atomic_write
+from elastic_reset.io import atomic_write, save_folder_atomically
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "elastic_reset.pt"
 """The file this callback adds to each ``checkpoint-{global_step}`` folder."""
+
+EMA_DIR = "ema"
+"""The folder, in ``output_dir``, that gets the final EMA model when training ends (``save_ema``)."""
 
 
 def state_file(sharded: bool, rank: int) -> str:
@@ -81,6 +86,9 @@ class ElasticResetCallback(TrainerCallback):
             :class:`~elastic_reset.ElasticReset` (the optimizer is the trainer's).
         resume_from: checkpoint folder to read ``elastic_reset.pt`` from on resume, instead of the one the
             trainer resumes from.
+        save_ema: when training ends, write the EMA weights with ``save_pretrained`` (with peft, the adapter) and
+            the trainer's tokenizer into ``{output_dir}/ema``, as TRL's ``BEMACallback`` writes ``bema``; the
+            model keeps the policy's weights. Not under FSDP2 (a warning says so). False: no folder.
     """
 
     def __init__(
@@ -93,10 +101,12 @@ class ElasticResetCallback(TrainerCallback):
         exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
         reset_optimizer_state: bool = False,
         resume_from: str | os.PathLike | None = None,
+        save_ema: bool = True,
     ) -> None:
         self.options = dict(decay=decay, reset_every=reset_every, mode=mode, device=torch.device(device),
                             schedule=schedule, exclude=exclude, reset_optimizer_state=reset_optimizer_state)
         self.resume_from = resume_from
+        self.save_ema = save_ema
         self.elastic_reset: ElasticReset | None = None
         """Built when training begins; None before."""
         self.events: list[ResetEvent] = []
@@ -172,6 +182,26 @@ class ElasticResetCallback(TrainerCallback):
         }
         # A crash mid-write never leaves a truncated state file (temporary sibling, fsync, rename).
         atomic_write(os.path.join(folder, state_file(sharded, args.process_index)), lambda f: torch.save(payload, f))
+
+    def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not self.save_ema or self.elastic_reset is None or model is None:
+            return
+        if self.elastic_reset.is_sharded:  # save_pretrained would need the whole parameters gathered
+            logger.warning("ElasticResetCallback: the EMA of an FSDP2 model is not saved to %s/%s; its shards are "
+                           "in each checkpoint's elastic_reset.rank<r>.pt", args.output_dir, EMA_DIR)
+            return
+        if not state.is_world_process_zero:
+            return
+        folder = os.path.join(args.output_dir, EMA_DIR)
+
+        def write(tmp) -> None:
+            model.save_pretrained(tmp)
+            if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+                processing_class.save_pretrained(tmp)
+
+        with self.elastic_reset.ema_weights():  # the policy's own weights are back after the block
+            save_folder_atomically(folder, write)
+        logger.info("Saved the Elastic Reset EMA model to %s", folder)
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:

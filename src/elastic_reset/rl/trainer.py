@@ -30,6 +30,7 @@ from elastic_reset.rl.config import TrainConfig
 from elastic_reset.rl.distributed import DataParallel, mean_record
 from elastic_reset.rl.estimators import Minibatch, build_estimator
 from elastic_reset.rl.evaluation import Evaluator
+from elastic_reset.rl.export import save_run_policy
 from elastic_reset.rl.methods import PolicyHandle, build_method
 from elastic_reset.rl.policy import (
     Policy,
@@ -145,14 +146,18 @@ class RLTrainer:
                 self._frozen_casts.enter_context(precast_weights(ref, self.autocast_dtype, trainable=False))
 
     def close(self) -> None:
-        """Give the model its fp32 frozen weights back (see :meth:`_cast_frozen_weights`), drop the sampler's
-        packs of them and release the run directory. Idempotent."""
+        """Give the model its fp32 frozen weights back and release the run directory. Idempotent."""
+        self._restore_fp32_weights()
+        self.run.release()
+
+    def _restore_fp32_weights(self) -> None:
+        """Put the fp32 frozen weights back (see :meth:`_cast_frozen_weights`) and drop the sampler's packs of
+        them. Idempotent."""
         if self._frozen_casts is not None:
             self._frozen_casts.close()
             self._frozen_casts = None
         if hasattr(self, "model"):
             release_packed_linears(self.model)
-        self.run.release()
 
     # ------------------------------------------------------------------------------------------ set-up checks
     def _check_task_inputs(self) -> None:
@@ -504,6 +509,10 @@ class RLTrainer:
             tested = any(r["step"] == self.step and "test/reward" in r for r in self.metrics.records())
             if self.task.test_prompts and not tested:
                 written.append(self._evaluate_and_log(test=True))  # once, on the final weights
+            if self.dp.is_main:  # the trained policy as a save_pretrained folder, while the run is still locked
+                self._restore_fp32_weights()  # the fp32 originals, not autocast's bf16 copies
+                save_run_policy(self.out_dir, self.config, self.model, self.tokenizer, self.out_dir / "final",
+                                self.step)
         finally:
             if bar is not None:
                 bar.close()

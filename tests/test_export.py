@@ -1,0 +1,191 @@
+"""Taking a run's policy out (issue 35): RUN/final/, `elastic-reset export`, and what plain transformers / peft
+load from them."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download or upload
+
+import pytest
+import torch
+import yaml
+from helpers import TINY, run_config, step_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from elastic_reset.cli import main
+from elastic_reset.errors import ConfigError
+from elastic_reset.models import byte_tokenizer
+from elastic_reset.rl.config import config_from_dict
+from elastic_reset.rl.export import export_run, model_card
+from elastic_reset.rl.policy import load_model_and_tokenizer
+from elastic_reset.rl.trainer import RLTrainer
+
+LORA = "model.lora={r: 2, alpha: 4}"
+IDS = torch.tensor([[1, 72, 101, 108, 108, 111, 35, 200, 3, 90]])
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """Elastic Reset with LoRA, 4 iterations, checkpoints at 2 and 4."""
+    out = tmp_path_factory.mktemp("lora") / "run"
+    config = run_config(LORA)
+    RLTrainer(config, out).train()
+    return out, config
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """The KL penalty (no EMA) on the whole tiny model, 4 iterations."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    config = run_config("method={name: kl}")
+    RLTrainer(config, out).train()
+    return out, config
+
+
+def _policy_at(config, run, step, ema=False):
+    """The run's policy at ``step``, rebuilt by hand from its checkpoint (or its EMA)."""
+    model, _ = load_model_and_tokenizer(config.model, seed=config.seed)
+    state = torch.load(step_file(run, step), weights_only=True)
+    saved = state["trainable"]
+    if ema:
+        saved = dict(zip(state["method"]["ema"]["names"], state["method"]["ema"]["ema"]))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            params[name].copy_(tensor)
+    return model.eval()
+
+
+def _base(config):
+    """The base model of a LoRA run, as a user of the adapter builds it (the tiny models are built locally)."""
+    data = yaml.safe_load(TINY.read_text())
+    base, _ = load_model_and_tokenizer(config_from_dict(data).model, seed=config.seed)
+    return base.eval()
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(input_ids=IDS).logits
+
+
+def _assert_same_logits(loaded, expected):
+    torch.testing.assert_close(_logits(loaded.eval()), _logits(expected), rtol=1e-5, atol=1e-5)
+
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_final_folder_is_the_adapter_of_the_last_step(lora_run):
+    from peft import PeftModel
+
+    run, config = lora_run
+    final = run / "final"
+    assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
+    loaded = PeftModel.from_pretrained(_base(config), final)
+    _assert_same_logits(loaded, _policy_at(config, run, 4))
+    card = (final / "README.md").read_text()
+    assert "elastic-reset" in card and "elastic_reset" in card and "library_name: peft" in card
+    assert "Held-out evaluation at step 4" in card and "| reward |" in card and "| perplexity |" in card
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def test_export_of_an_earlier_step_as_adapter_and_merged(lora_run, tmp_path, capsys):
+    from peft import PeftModel
+
+    run, config = lora_run
+    expected = _policy_at(config, run, 2)
+    assert main(["export", str(run), "--step", "2", "--out", str(tmp_path / "adapter")]) == 0
+    assert "policy written to" in capsys.readouterr().out
+    _assert_same_logits(PeftModel.from_pretrained(_base(config), tmp_path / "adapter"), expected)
+    assert "elastic-reset export" in (tmp_path / "adapter" / "README.md").read_text()
+
+    export_run(run, tmp_path / "merged", step=2, merge=True)
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    _assert_same_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "merged"), expected)
+    # The exported policy differs from the last one: the step chosen is the one exported.
+    assert not torch.allclose(_logits(expected), _logits(_policy_at(config, run, 4)))
+
+
+def test_ema_export_holds_the_ema_weights(lora_run, tmp_path):
+    from peft import PeftModel
+
+    run, config = lora_run
+    export_run(run, tmp_path / "ema", ema=True)
+    state = torch.load(step_file(run, 4), weights_only=True)["method"]["ema"]
+    loaded = dict(PeftModel.from_pretrained(_base(config), tmp_path / "ema").named_parameters())
+    assert len(state["names"]) == 8
+    for name, tensor in zip(state["names"], state["ema"]):
+        assert torch.equal(loaded[name], tensor), name
+    assert not all(torch.equal(loaded[n], p) for n, p in _policy_at(config, run, 4).named_parameters()
+                   if n in state["names"])  # the EMA, not the policy
+    assert "the EMA of the policy's weights" in (tmp_path / "ema" / "README.md").read_text()
+
+
+def test_full_model_export_and_the_byte_tokenizer_round_trip(full_run, tmp_path):
+    run, config = full_run
+    expected = _policy_at(config, run, 4)
+    export_run(run, tmp_path / "full", step=4)
+    for folder in (run / "final", tmp_path / "full"):
+        loaded = AutoModelForCausalLM.from_pretrained(folder)
+        assert all(p.dtype == torch.float32 for p in loaded.parameters())
+        _assert_same_logits(loaded, expected)
+    tokenizer, original = AutoTokenizer.from_pretrained(tmp_path / "full"), byte_tokenizer()
+    text = "Élastic reset: ça marche ✓ 🙂"
+    assert tokenizer(text)["input_ids"] == original(text)["input_ids"]
+    assert tokenizer.decode(original(text)["input_ids"]) == text
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "padding_side"):
+        assert getattr(tokenizer, key) == getattr(original, key), key
+
+
+def test_a_step_never_saved_is_one_line_naming_the_saved_steps(lora_run, tmp_path, capsys):
+    run, _ = lora_run
+    _one_line_error(capsys, ["export", str(run), "--step", "3", "--out", str(tmp_path / "x")],
+                    "--step 3", "steps saved are: 2, 4")
+    assert not (tmp_path / "x").exists()
+
+
+def test_ema_of_a_method_without_one_is_one_line(full_run, tmp_path, capsys):
+    run, _ = full_run
+    _one_line_error(capsys, ["export", str(run), "--ema", "--out", str(tmp_path / "x")], "--ema", "'kl'",
+                    "keeps no EMA")
+    assert not (tmp_path / "x").exists()
+
+
+def test_not_a_run_directory_is_one_line(tmp_path, capsys):
+    _one_line_error(capsys, ["export", str(tmp_path), "--out", str(tmp_path / "x")], "config.yaml")
+
+
+def test_push_to_hub_without_a_token_is_refused_before_any_work(lora_run, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(ConfigError, match="no Hugging Face token"):
+        export_run(lora_run[0], tmp_path / "x", push_to_hub="someone/model")
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_card_names_the_base_model_on_the_hub():
+    config = config_from_dict(yaml.safe_load(TINY.read_text()), ["model.name=smollm2", LORA])
+    card = model_card(None, config, 10)
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
+    assert "No evaluation was logged" in card and "decay" in card
+
+
+def test_a_run_that_stops_early_writes_no_final_folder(tmp_path):
+    trainer = RLTrainer(run_config(), tmp_path / "run")
+    step = trainer.train_step
+
+    def interrupted():
+        if trainer.step == 2:
+            raise KeyboardInterrupt
+        return step()
+
+    trainer.train_step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert not (tmp_path / "run" / "final").exists() and (tmp_path / "run" / "checkpoints").is_dir()
