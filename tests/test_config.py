@@ -489,3 +489,12 @@ def test_every_setting_is_listed_once_with_its_type_default_and_docstring():
     assert rows["algo.lr"] == ("float", "1e-05", "Adam learning rate (RL4LMs IMDB: 1e-6 with full fine-tuning; "
                                                  "LoRA wants more).")
     assert rows["kl.estimator"][0] == "'k1' | 'k3'" and rows["model.lora.r"][:2] == ("int", "16")
+
+
+def test_the_config_command_prints_each_setting_with_its_meaning(capsys):
+    from elastic_reset.cli import main
+
+    assert main(["config", "algo.l"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("algo.lr  (float, default 1e-05)\n    Adam learning rate") and "algo.lam" in out
+    assert main(["config", "nope"]) == 2 and "config nope: no setting starts with it" in capsys.readouterr().err

@@ -8,6 +8,7 @@
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
     elastic-reset demo [--out DIR] [--steps N]
+    elastic-reset config [PREFIX]       (every run-config setting: key, type, default, what it does)
     elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
     elastic-reset build imdb-policy [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
@@ -104,6 +105,20 @@ def _export(args: argparse.Namespace) -> int:
     out = export_run(args.run, args.out, step=args.step, ema=args.ema, merge=args.merge,
                      push_to_hub=args.push_to_hub, command=shlex.join(command))
     print(f"policy written to {out}" + (f" and pushed to {args.push_to_hub}" if args.push_to_hub else ""))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    import textwrap
+
+    from elastic_reset.rl.config import describe_fields
+
+    rows = [r for r in describe_fields() if r[0].startswith(args.prefix or "")]
+    if not rows:
+        raise ElasticResetError(f"config {args.prefix}: no setting starts with it (try `elastic-reset config`)")
+    for key, kind, default, doc in rows:
+        print(f"{key}  ({kind}, default {default})")
+        print(textwrap.fill(doc, width=100, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 
@@ -353,7 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "Hugging Face Hub repository (needs a token: `hf auth login` or HF_TOKEN)")
     export.set_defaults(func=_export)
 
-    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA), ~11 min on a CPU")
+    config = sub.add_parser("config", help="list every run-config setting with its type, default and meaning")
+    config.add_argument("prefix", nargs="?", default=None, help="only the settings starting with this (e.g. algo)")
+    config.set_defaults(func=_config)
+    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA): about 1.5 min "
+                          "on an AVX-512 BF16 CPU, 10 min on an AVX2-only one")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")
     demo.add_argument("--steps", type=_positive_int, default=None, help="training iterations per run (also scales "
                       "the reset period and the evaluation interval; default: configs/demo.yaml's)")
