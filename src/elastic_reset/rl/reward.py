@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
-from elastic_reset.errors import RewardError
+from elastic_reset.errors import ElasticResetError, RewardError
 
 
 class CheckedReward:
     """``reward_fn(prompts, completions)`` of task ``task_name``, returning scores as a float tensor on ``device``
-    and which samples are kept. Non-numbers stop the run; NaN/inf stop it under ``bad_reward: error`` and are
-    dropped (score 0, kept False) under ``drop``."""
+    and which samples are kept. Non-numbers stop the run; NaN/inf (and None, TRL's "no reward") stop it under
+    ``bad_reward: error`` and are dropped (score 0, kept False) under ``drop``.
+
+    A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
+    completions=...)``; any other is called positionally. An exception raised inside the reward propagates as it
+    is, with its own traceback (and a note naming the task)."""
 
     def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
                  bad_reward: Literal["error", "drop"], device: torch.device):
@@ -21,11 +27,18 @@ class CheckedReward:
         self.task_name = task_name
         self.bad_reward = bad_reward
         self.device = device
+        self.keywords = _takes_keywords(reward_fn)
 
     def __call__(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         try:
-            raw = self.reward_fn(prompts, completions)
-            values = [float(v) for v in raw]
+            raw = (self.reward_fn(prompts=prompts, completions=completions) if self.keywords
+                   else self.reward_fn(prompts, completions))
+        except Exception as err:  # the reward's own bug: keep its type and traceback, say whose reward it was
+            if not isinstance(err, ElasticResetError):
+                err.add_note(f"(raised by the reward function of task {self.task_name!r})")
+            raise
+        try:
+            values = [math.nan if v is None else float(v) for v in raw]
         except (TypeError, ValueError) as err:
             raise RewardError(f"reward function of task {self.task_name!r} did not return numbers: {err}") from None
         if len(values) != len(completions):
@@ -41,3 +54,12 @@ class CheckedReward:
                                   "drop such samples instead")
             scores = torch.where(keep, scores, torch.zeros_like(scores))
         return scores, keep
+
+
+def _takes_keywords(fn) -> bool:
+    """Whether ``fn`` takes ``**kwargs`` (TRL's reward convention) rather than ``(prompts, completions)``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: the positional convention
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -90,6 +90,9 @@ class RLTrainer:
         self.learned_reward = self.task.reward_fn if isinstance(self.task.reward_fn, LearnedReward) else None
 
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
+        bind = getattr(self.task, "bind_tokenizer", None)
+        if bind is not None:  # prompts that depend on the tokenizer (a chat template)
+            bind(self.tokenizer)
         self.device = self.dp.device(resolve_device(config.model.device))
         self.model.to(self.device)  # before any copy of it (reference, NLPO mask model, EMA)
         contiguous_head_input(self.model)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from elastic_reset.errors import ConfigError, DataFileError
@@ -69,14 +74,69 @@ def register_task(name: str):
     return wrap
 
 
+def load_object(spec: str, key: str) -> Any:
+    """The object named ``spec``: ``package.module:name`` (imported; the working directory is searched too, as
+    ``python -m`` would) or ``path/to/file.py:name`` (loaded from that file). Errors name the config ``key``;
+    an exception raised while the user's module runs keeps its own traceback."""
+    if not isinstance(spec, str) or ":" not in spec.strip(":"):
+        raise ConfigError(f"{key}: expected module:name or path/to/file.py:name, got {spec!r}")
+    where, name = spec.rsplit(":", 1)
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{key}: no such file {str(path)!r} (from {spec!r})")
+        # One module per file, named by its resolved path, so loading a file twice runs it once.
+        module_name = f"_elastic_reset_user_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[module_name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
+    else:
+        added = os.getcwd() not in sys.path
+        if added:  # a console script does not search the working directory; the user's module is usually there
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (where == err.name or where.startswith(err.name + ".")):
+                raise  # the user's module imports something missing: its own traceback says what
+            raise ConfigError(f"{key}: no module named {err.name!r} (from {spec!r})") from None
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+    if not hasattr(module, name):
+        raise ConfigError(f"{key}: {where} has no attribute {name!r} (from {spec!r})")
+    obj = getattr(module, name)
+    if not callable(obj):
+        raise ConfigError(f"{key}: {spec!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
 def get_task(name: str, data_dir: str | None = None, **options: Any) -> Task:
-    """Build the registered task ``name``. The tasks that ship with the package register themselves when
-    :mod:`elastic_reset.tasks` is imported; a task of your own registers when its module is imported."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"task.name: unknown task {name!r} (known: {', '.join(sorted(_REGISTRY))})")
-    factory = _REGISTRY[name]
+    """Build the registered task ``name``, or the task a factory named by import path returns
+    (``my_module:make_task`` or ``path/to/tasks.py:make_task``, called as ``(data_dir=None, **options)``). The
+    tasks that ship with the package register themselves when :mod:`elastic_reset.tasks` is imported; a task of
+    your own registers when its module is imported."""
+    if name in _REGISTRY:
+        factory = _REGISTRY[name]
+    elif ":" in name:
+        factory = load_object(name, "task.name")
+    else:
+        raise ConfigError(f"task.name: unknown task {name!r} (known: {', '.join(sorted(_REGISTRY))}, or "
+                          "module:factory / path/to/file.py:factory)")
     try:
         inspect.signature(factory).bind(data_dir=data_dir, **options)
     except TypeError as err:
         raise ConfigError(f"task.options: {err} (task {name!r})") from None
-    return factory(data_dir=data_dir, **options)
+    except ValueError:
+        pass  # no signature to check (a builtin or C callable): the call itself will say
+    task = factory(data_dir=data_dir, **options)
+    if not isinstance(task, Task):
+        raise ConfigError(f"task.name: {name!r} returned a {type(task).__name__}, not an elastic_reset.tasks.Task")
+    return task

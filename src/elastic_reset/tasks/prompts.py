@@ -1,0 +1,304 @@
+"""Bring your own task: prompts from a file or a ``datasets`` dataset, rewarded by TRL-style reward functions.
+
+The options (``task.options`` of a run; every one but ``reward`` and one source is optional)::
+
+    task:
+      name: prompts
+      options:
+        path: prompts.jsonl          # .jsonl / .json (objects), .csv, anything else: one prompt per line;
+                                     # a folder: a save_to_disk dataset, or one datasets.load_dataset reads
+        # dataset: user/name         # instead of path: a datasets hub name or local path (split: train)
+        column: prompt               # the prompt column (not for plain-text files)
+        reward: rewards.py:my_reward # module:function or path/to/file.py:function, or a list of them
+        reward_weights: [1.0]        # one per reward (TRL's reward_weights); default all 1
+        eval_path: held_out.jsonl    # or eval_split: test, or eval_fraction: 0.1 (seeded by seed: 0)
+        reference: texts.txt         # held-out human text for the perplexity drift (default: drift is kl_init)
+        pretrain: more_texts.txt     # supervised text for the multitask / S2P methods
+        chat_template: null          # null: applied when the tokenizer has one; true / false: always / never
+
+``eval_path``, ``reference`` and ``pretrain`` each have a ``…_dataset`` twin (a hub name too) and ``reference`` /
+``pretrain`` a ``…_split`` (train) and ``…_column`` (text); a relative path is relative to the working directory.
+
+A reward is called as TRL calls it: ``reward(prompts=[...], completions=[...], **columns)``, where ``columns``
+holds every other column of the prompts' rows, each a list aligned with the completions. It returns one float per
+completion, or None for "no reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and a
+completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops.
+
+The chat template needs the policy's tokenizer, which is loaded after the task: the engine calls
+:meth:`PromptsTask.bind_tokenizer` once it has one. The reward always sees the prompt as written in the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastic_reset.errors import ConfigError, DataFileError, RewardError
+from elastic_reset.tasks.base import Task, load_object, register_task
+
+_RESERVED = ("prompts", "completions")
+"""Keyword names the reward call uses itself: a dataset column with such a name is not passed on."""
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def read_rows(source: str, key: str, *, split: str = "train", dataset: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``source`` (the value of option ``key``) as dicts; a plain-text file (any suffix but .jsonl,
+    .json, .csv, .tsv) gives ``{"text": line}`` per non-blank line. ``dataset``: ``source`` may be a hub name."""
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"{key}: expected a file, folder or dataset name, got {source!r}")
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _read_file(path, key)
+    if not path.is_dir() and not dataset:
+        raise ConfigError(f"{key}: no such file or folder {source!r}")
+    return _read_dataset(source, split, key)
+
+
+def _read_file(path: Path, key: str) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataFileError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataFileError(f"{path} line {number}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DataFileError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+        return rows
+    if suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataFileError(f"{path} line {err.lineno}: not JSON ({err.msg})") from None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise DataFileError(f"{path}: expected a JSON list of objects")
+        return rows
+    if suffix in (".csv", ".tsv"):
+        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+        return [dict(row) for row in reader]
+    return [{"text": line.strip()} for line in text.splitlines() if line.strip()]
+
+
+def _read_dataset(source: str, split: str, key: str) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"{key}: reading {source!r} needs the `datasets` package (pip install datasets)") from None
+    path = Path(source).expanduser()
+    saved = path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "dataset_info.json",
+                                                                  "state.json"))
+    try:
+        data = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(source, split=split)
+    except Exception as err:  # noqa: BLE001  (hub, network, builder and file errors alike: one line naming it)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{key}: cannot load dataset {source!r} ({first})") from None
+    if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if split not in data:
+            raise ConfigError(f"{key}: dataset {source!r} has no split {split!r} (splits: {', '.join(data)})")
+        data = data[split]
+    return [dict(row) for row in data]
+
+
+def _is_plain(source: str) -> bool:
+    path = Path(source).expanduser()
+    return path.is_file() and path.suffix.lower() not in (".jsonl", ".json", ".csv", ".tsv")
+
+
+def read_texts(source: str, key: str, column: str, column_key: str, *, split: str = "train",
+               dataset: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """(text of ``column``, the row's other columns) per row of ``source``; a plain-text file's lines whatever
+    the column. Every text must be a non-empty string."""
+    rows = read_rows(source, key, split=split, dataset=dataset)
+    if not rows:
+        raise DataFileError(f"{source}: no rows")
+    if _is_plain(source):
+        column = "text"  # one per line: there are no columns
+    elif column not in rows[0]:
+        raise ConfigError(f"{column_key}: {source} has no column {column!r} (columns: {', '.join(map(str, rows[0]))})")
+    out = []
+    for i, row in enumerate(rows):
+        value = row.get(column)
+        if not isinstance(value, str) or not value.strip():
+            what = ("a list of chat messages (only text prompts are supported)" if isinstance(value, list)
+                    else "missing" if value is None else "empty" if isinstance(value, str) else type(value).__name__)
+            raise DataFileError(f"{source} row {i + 1}: column {column!r} is {what}")
+        out.append((value, {k: v for k, v in row.items() if k != column and k not in _RESERVED}))
+    return out
+
+
+def _source(path: str | None, dataset: str | None, path_key: str, dataset_key: str) -> tuple[str, str, bool] | None:
+    """(value, option key, may be a hub name) of whichever of the two options is set, or None."""
+    if path is not None and dataset is not None:
+        raise ConfigError(f"task.options.{path_key}: set {path_key} or {dataset_key}, not both")
+    if path is not None:
+        return path, f"task.options.{path_key}", False
+    if dataset is not None:
+        return dataset, f"task.options.{dataset_key}", True
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+class TRLReward:
+    """The task's reward: TRL-style reward functions called with the columns of each prompt's row, summed with
+    weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
+
+    def __init__(self, specs: list[str], weights: list[float], lookup: dict[str, dict[str, Any]],
+                 columns: list[str]):
+        self.functions = [(spec, load_object(spec, "task.options.reward")) for spec in specs]
+        self.weights = weights
+        self.lookup = lookup
+        self.columns = columns
+        for spec, fn in self.functions:
+            try:
+                inspect.signature(fn).bind(prompts=[], completions=[], **{c: [] for c in columns})
+            except TypeError as err:
+                raise ConfigError(f"task.options.reward: {spec} cannot be called as TRL calls a reward "
+                                  f"(prompts=, completions=, {', '.join(f'{c}=' for c in columns) or 'no columns'}"
+                                  f"; add **kwargs): {err}") from None
+            except ValueError:
+                pass  # no signature to check: the call will say
+
+    def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
+        rows = [self.lookup.get(p) for p in prompts]
+        originals = [row["__prompt__"] if row else p for row, p in zip(rows, prompts)]
+        columns = {c: [row.get(c) if row else None for row in rows] for c in self.columns}
+        total = [0.0] * len(completions)
+        seen = [False] * len(completions)
+        for (spec, fn), weight in zip(self.functions, self.weights):
+            try:
+                out = fn(prompts=originals, completions=list(completions), **columns)
+            except Exception as err:  # the user's own bug: its type and traceback stay, the note says which reward
+                err.add_note(f"(raised by task.options.reward {spec})")
+                raise
+            try:
+                values = [None if v is None else float(v) for v in out]
+            except (TypeError, ValueError) as err:
+                raise RewardError(f"task.options.reward: {spec} did not return numbers: {err}") from None
+            if len(values) != len(completions):
+                raise RewardError(f"task.options.reward: {spec} returned {len(values)} values for "
+                                  f"{len(completions)} completions")
+            for i, v in enumerate(values):
+                if v is not None:  # TRL's None: this reward does not apply to this sample
+                    total[i] += weight * v
+                    seen[i] = True
+        return [t if s else math.nan for t, s in zip(total, seen)]
+
+
+# ------------------------------------------------------------------------------------------------ the task
+@dataclass
+class PromptsTask(Task):
+    """A :class:`Task` whose prompts are rendered with the policy's chat template once the tokenizer is known."""
+
+    chat_template: bool | None = None
+    """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never."""
+    _raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Render the train / eval / test prompts with ``tokenizer``'s chat template (as one user turn, with the
+        generation prompt), as ``chat_template`` says. Idempotent: a second call renders the file's prompts again."""
+        has = bool(getattr(tokenizer, "chat_template", None))
+        if self.chat_template and not has:
+            raise ConfigError("task.options.chat_template: true, but the policy's tokenizer has no chat template")
+        if not self._raw:
+            self._raw = {k: list(getattr(self, k)) for k in ("train_prompts", "eval_prompts", "test_prompts")}
+        render = self.chat_template is not False and has
+        reward = self.reward_fn if isinstance(self.reward_fn, TRLReward) else None
+        for key, prompts in self._raw.items():
+            shown = [_render(tokenizer, p) for p in prompts] if render else list(prompts)
+            setattr(self, key, shown)
+            if reward is not None:
+                for raw, text in zip(prompts, shown):
+                    reward.lookup.setdefault(text, reward.lookup.get(raw, {"__prompt__": raw}))
+
+
+def _render(tokenizer, prompt: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@register_task("prompts")
+def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: str | None = None,
+                 split: str = "train", column: str = "prompt", reward: str | list[str] | None = None,
+                 reward_weights: list[float] | None = None, eval_path: str | None = None,
+                 eval_dataset: str | None = None, eval_split: str | None = None, eval_fraction: float = 0.1,
+                 seed: int = 0, reference: str | None = None, reference_dataset: str | None = None,
+                 reference_split: str = "train", reference_column: str = "text", pretrain: str | None = None,
+                 pretrain_dataset: str | None = None, pretrain_split: str = "train", pretrain_column: str = "text",
+                 chat_template: bool | None = None) -> PromptsTask:
+    """Prompts from a file or dataset, a reward named by import path (see the module's docstring)."""
+    prompts_source = _source(path, dataset, "path", "dataset")
+    if prompts_source is None:
+        raise ConfigError("task.options.path: the prompts task needs prompts: a file or folder (path) or a "
+                          "datasets name or folder (dataset)")
+    source, key, hub = prompts_source
+    if reward is None:
+        raise ConfigError("task.options.reward: the prompts task needs a reward: module:function or "
+                          "path/to/file.py:function (or a list of them)")
+    specs = [reward] if isinstance(reward, str) else reward
+    if not isinstance(specs, list) or not specs or not all(isinstance(s, str) for s in specs):
+        raise ConfigError(f"task.options.reward: expected module:function or a list of them, got {reward!r}")
+    weights = [1.0] * len(specs) if reward_weights is None else reward_weights
+    if (not isinstance(weights, list) or len(weights) != len(specs)
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights)):
+        raise ConfigError(f"task.options.reward_weights: expected {len(specs)} finite number(s), one per reward, "
+                          f"got {reward_weights!r}")
+    if eval_split is not None and not isinstance(eval_split, str):
+        raise ConfigError(f"task.options.eval_split: expected a split name, got {eval_split!r}")
+
+    rows = read_texts(source, key, column, "task.options.column", split=split, dataset=hub)
+    eval_source = _source(eval_path, eval_dataset, "eval_path", "eval_dataset")
+    if eval_source is not None or eval_split is not None:
+        e_value, e_key, e_hub = eval_source or (source, key, hub)
+        train = rows
+        held_out = read_texts(e_value, e_key, column, "task.options.column", split=eval_split or split, dataset=e_hub)
+    else:
+        if not (isinstance(eval_fraction, (int, float)) and 0 < eval_fraction < 1):
+            raise ConfigError(f"task.options.eval_fraction: expected in (0, 1), got {eval_fraction!r}")
+        if len(rows) < 2:
+            raise DataFileError(f"{source}: {len(rows)} prompt(s); a held-out fraction needs at least 2 "
+                                "(or give eval_path / eval_split)")
+        order = list(range(len(rows)))
+        random.Random(seed).shuffle(order)
+        eval_ids = set(order[:min(len(rows) - 1, max(1, round(len(rows) * eval_fraction)))])
+        # File order within each part: the first eval.num_prompts are then the same for every seed of a comparison.
+        train = [r for i, r in enumerate(rows) if i not in eval_ids]
+        held_out = [r for i, r in enumerate(rows) if i in eval_ids]
+
+    lookup: dict[str, dict[str, Any]] = {}
+    columns: dict[str, None] = {}
+    for prompt, extra in train + held_out:
+        columns.update(dict.fromkeys(extra))
+        lookup.setdefault(prompt, {**extra, "__prompt__": prompt})  # a repeated prompt keeps its first row
+
+    def texts_of(name: str, path_: str | None, dataset_: str | None, split_: str, column_: str) -> list[str]:
+        src = _source(path_, dataset_, name, f"{name}_dataset")
+        if src is None:
+            return []
+        value, k, h = src
+        return [t for t, _ in read_texts(value, k, column_, f"task.options.{name}_column", split=split_, dataset=h)]
+
+    reference_texts = texts_of("reference", reference, reference_dataset, reference_split, reference_column)
+    return PromptsTask(
+        name="prompts",
+        train_prompts=[p for p, _ in train],
+        eval_prompts=[p for p, _ in held_out],
+        reward_fn=TRLReward(specs, [float(w) for w in weights], lookup, list(columns)),
+        reference_texts=reference_texts,
+        pretrain_texts=texts_of("pretrain", pretrain, pretrain_dataset, pretrain_split, pretrain_column),
+        drift_key="perplexity" if reference_texts else "kl_init",
+        chat_template=chat_template,
+    )

@@ -1,0 +1,321 @@
+"""Bring your own task (issue 35): the `prompts` task's loaders, TRL-style rewards named by import path, task
+factories named by import path, their one-line errors, and the README's example run end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import sys
+import traceback
+
+import pytest
+import torch
+from helpers import ROOT, TINY
+
+from elastic_reset.cli import main
+from elastic_reset.errors import ConfigError, DataFileError, ElasticResetError, RewardError
+from elastic_reset.io import read_metrics
+from elastic_reset.rl.reward import CheckedReward
+from elastic_reset.tasks import Task, get_task
+from elastic_reset.tasks.prompts import PromptsTask
+
+PROMPTS = [f"Prompt number {i}:" for i in range(10)]
+LETTERS = ["e", "a", "o", "i", "e", "a", "o", "i", "e", "a"]
+REWARD = """
+def letter_reward(prompts, completions, letter, **kwargs):
+    return [c.count(x) / len(c) if c else 0.0 for c, x in zip(completions, letter)]
+
+def echo(prompts, completions, **kwargs):
+    return [float(len(p)) for p in prompts]
+
+def maybe(prompts, completions, **kwargs):
+    return [None if c == "skip" else 1.0 for c in completions]
+
+def short(prompts, completions, **kwargs):
+    return [0.0]
+
+def strings(prompts, completions, **kwargs):
+    return ["high"] * len(completions)
+
+def broken(prompts, completions, **kwargs):
+    return [1.0 / 0 for c in completions]
+
+def positional_only(prompts, completions):
+    return [0.0] * len(completions)
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "letter": x}) + "\n"
+                                                   for p, x in zip(PROMPTS, LETTERS)))
+    (tmp_path / "rewards.py").write_text(REWARD)
+    return tmp_path
+
+
+def task(files, **options):
+    options.setdefault("path", str(files / "prompts.jsonl"))
+    options.setdefault("reward", f"{files / 'rewards.py'}:letter_reward")
+    return get_task("prompts", **options)
+
+
+def checked(t: Task, bad_reward="error") -> CheckedReward:
+    return CheckedReward(t.reward_fn, t.name, bad_reward, torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+def test_jsonl_prompts_with_a_seeded_held_out_fraction(files):
+    t = task(files, eval_fraction=0.2)
+    assert isinstance(t, PromptsTask) and len(t.eval_prompts) == 2 and len(t.train_prompts) == 8
+    assert sorted(t.train_prompts + t.eval_prompts) == sorted(PROMPTS)
+    assert [p for p in PROMPTS if p in t.train_prompts] == t.train_prompts  # file order kept
+    assert task(files, eval_fraction=0.2).eval_prompts == t.eval_prompts
+    assert task(files, eval_fraction=0.2, seed=1).eval_prompts != t.eval_prompts
+    assert t.drift_key == "kl_init" and t.reference_texts == []
+
+
+def test_csv_with_a_named_column_and_an_eval_file(files):
+    (files / "p.csv").write_text("question,letter\n" + "".join(f"{p},{x}\n" for p, x in zip(PROMPTS, LETTERS)))
+    (files / "held.csv").write_text("question,letter\nHeld out one:,u\nHeld out two:,y\n")
+    t = task(files, path=str(files / "p.csv"), column="question", eval_path=str(files / "held.csv"))
+    assert t.train_prompts == PROMPTS and t.eval_prompts == ["Held out one:", "Held out two:"]
+    assert t.reward_fn(["Held out one:"], ["uuuu"]) == [1.0]  # the eval file's own column
+
+
+def test_plain_text_one_prompt_per_line_with_reference_and_pretrain_texts(files):
+    (files / "p.txt").write_text("\n".join(PROMPTS) + "\n\n")
+    (files / "ref.txt").write_text("A held-out sentence.\nAnother one.\n")
+    (files / "pre.jsonl").write_text(json.dumps({"text": "Some pretraining text."}) + "\n")
+    t = task(files, path=str(files / "p.txt"), reward=f"{files / 'rewards.py'}:echo",
+             reference=str(files / "ref.txt"), pretrain=str(files / "pre.jsonl"))
+    assert sorted(t.train_prompts + t.eval_prompts) == sorted(PROMPTS)
+    assert t.reference_texts == ["A held-out sentence.", "Another one."] and t.drift_key == "perplexity"
+    assert t.pretrain_texts == ["Some pretraining text."]
+    assert t.reward_fn([PROMPTS[0]], ["x"]) == [float(len(PROMPTS[0]))]
+
+
+def test_a_local_datasets_dataset_and_its_splits(files):
+    from datasets import Dataset, DatasetDict
+
+    train = Dataset.from_dict({"prompt": PROMPTS, "letter": LETTERS})
+    test = Dataset.from_dict({"prompt": ["Test one:", "Test two:"], "letter": ["t", "s"]})
+    train.save_to_disk(str(files / "flat"))
+    DatasetDict({"train": train, "test": test}).save_to_disk(str(files / "dict"))
+    t = task(files, path=None, dataset=str(files / "flat"))
+    assert sorted(t.train_prompts + t.eval_prompts) == sorted(PROMPTS)
+    t = task(files, path=None, dataset=str(files / "dict"), eval_split="test")
+    assert t.train_prompts == PROMPTS and t.eval_prompts == ["Test one:", "Test two:"]
+    assert t.reward_fn(["Test one:"], ["tt"]) == [1.0]
+    with pytest.raises(ConfigError, match=r"task\.options\.dataset: .* has no split 'validation'"):
+        task(files, path=None, dataset=str(files / "dict"), eval_split="validation")
+
+
+def test_a_folder_that_datasets_load_dataset_reads(files):
+    (files / "folder").mkdir()
+    (files / "folder" / "train.csv").write_text("prompt,letter\n" + "".join(f"{p},{x}\n"
+                                                                            for p, x in zip(PROMPTS, LETTERS)))
+    t = task(files, path=str(files / "folder"))
+    assert sorted(t.train_prompts + t.eval_prompts) == sorted(PROMPTS)
+    assert t.reward_fn([PROMPTS[1]], ["a"]) == [1.0]
+
+
+def test_without_the_datasets_package_a_dataset_is_one_line(files, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now raises ImportError
+    with pytest.raises(ConfigError, match=r"^task\.options\.dataset: reading 'user/name' needs the `datasets` "):
+        task(files, path=None, dataset="user/name")
+    assert task(files).train_prompts  # files need no `datasets`
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+def test_a_trl_reward_gets_the_rows_other_columns(files):
+    t = task(files)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[1]]
+    scores, keep = checked(t)(prompts, ["eeee", "aab", ""])
+    assert scores.tolist() == pytest.approx([1.0, 2 / 3, 0.0]) and keep.all()
+
+
+def test_several_rewards_are_summed_with_weights_and_none_means_no_reward(files):
+    t = task(files, reward=[f"{files / 'rewards.py'}:letter_reward", f"{files / 'rewards.py'}:maybe"],
+             reward_weights=[2.0, 0.5])
+    assert t.reward_fn([PROMPTS[0], PROMPTS[0]], ["ee", "skip"]) == [2.5, 0.0]
+    only = task(files, reward=f"{files / 'rewards.py'}:maybe")
+    assert math.isnan(only.reward_fn([PROMPTS[0]], ["skip"])[0])
+    with pytest.raises(RewardError, match="non-finite"):
+        checked(only)([PROMPTS[0]], ["skip"])
+    scores, keep = checked(only, "drop")([PROMPTS[0], PROMPTS[0]], ["skip", "ok"])
+    assert keep.tolist() == [False, True]
+
+
+def test_checked_reward_calls_keyword_rewards_by_keyword_and_others_positionally():
+    def trl(completions, **kwargs):  # TRL rewards often leave prompts to kwargs
+        return [float(len(c)) for c in completions]
+
+    def positional(p, c):
+        return [1.0] * len(c)
+
+    device = torch.device("cpu")
+    assert CheckedReward(trl, "t", "error", device)(["p"], ["abc"])[0].tolist() == [3.0]
+    assert CheckedReward(positional, "t", "error", device)(["p"], ["abc"])[0].tolist() == [1.0]
+    with pytest.raises(RewardError, match="did not return numbers"):
+        CheckedReward(lambda p, c: ["x"], "t", "error", device)(["p"], ["abc"])
+
+
+def test_the_users_exception_keeps_its_own_traceback(files):
+    t = task(files, reward=f"{files / 'rewards.py'}:broken")
+    with pytest.raises(ZeroDivisionError) as info:
+        checked(t)([PROMPTS[0]], ["x"])
+    assert not isinstance(info.value, ElasticResetError)
+    text = "".join(traceback.format_exception(info.value))
+    assert "rewards.py" in text and "1.0 / 0" in text and "reward function of task 'prompts'" in text
+    assert "(raised by task.options.reward " in text and "rewards.py:broken" in text
+
+
+def test_the_cli_reports_a_bad_column_in_one_line(files, capsys):
+    code = main(["train", str(TINY), "--out", str(files / "run"), "--set", "task.name=prompts",
+                 "--set", f"task.options.path={files / 'prompts.jsonl'}", "--set", "task.options.column=question",
+                 "--set", f"task.options.reward={files / 'rewards.py'}:letter_reward"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "task.options.column: " in err and "prompts.jsonl" in err
+
+
+def test_a_reward_module_on_the_import_path(files, monkeypatch):
+    (files / "my_trl_rewards.py").write_text(REWARD)
+    monkeypatch.chdir(files)
+    monkeypatch.delitem(sys.modules, "my_trl_rewards", raising=False)
+    try:
+        t = task(files, reward="my_trl_rewards:letter_reward")
+        assert t.reward_fn([PROMPTS[1]], ["aa"]) == [1.0]
+    finally:
+        sys.modules.pop("my_trl_rewards", None)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("options, error, pattern", [
+    ({"column": "question"}, ConfigError, r"^task\.options\.column: .*prompts\.jsonl has no column 'question' "
+                                          r"\(columns: prompt, letter\)$"),
+    ({"path": "EMPTY"}, DataFileError, r"empty\.jsonl: no rows$"),
+    ({"path": "missing.jsonl"}, ConfigError, r"^task\.options\.path: no such file or folder .*missing\.jsonl"),
+    ({"reward": "no_such_module_here:f"}, ConfigError, r"^task\.options\.reward: no module named 'no_such_module_h"),
+    ({"reward": "REWARDS:NOT_CALLABLE"}, ConfigError, r"^task\.options\.reward: .* is a int, not a callable$"),
+    ({"reward": "REWARDS:nothing"}, ConfigError, r"^task\.options\.reward: .* has no attribute 'nothing'"),
+    ({"reward": "letter_reward"}, ConfigError, r"^task\.options\.reward: expected module:name"),
+    ({"reward": "REWARDS:positional_only"}, ConfigError, r"^task\.options\.reward: .* cannot be called as TRL"),
+    ({"reward_weights": [1.0, 2.0]}, ConfigError, r"^task\.options\.reward_weights: expected 1 finite"),
+    ({"reward": None}, ConfigError, r"^task\.options\.reward: the prompts task needs a reward"),
+])
+def test_bad_input_is_one_line_naming_the_field_or_file(files, options, error, pattern):
+    (files / "empty.jsonl").write_text("\n")
+    options = {k: (str(files / "empty.jsonl") if v == "EMPTY" else str(files / v) if k == "path" else
+                   v.replace("REWARDS", str(files / "rewards.py")) if isinstance(v, str) else v)
+               for k, v in options.items()}
+    with pytest.raises(error, match=pattern) as info:
+        task(files, **options)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("short", r"short returned 1 values for 2 completions$"),
+    ("strings", r"strings did not return numbers: could not convert"),
+])
+def test_a_reward_returning_the_wrong_thing_is_one_line(files, name, pattern):
+    t = task(files, reward=f"{files / 'rewards.py'}:{name}")
+    with pytest.raises(RewardError, match=pattern) as info:
+        checked(t)([PROMPTS[0], PROMPTS[1]], ["a", "b"])
+    assert str(info.value).startswith("task.options.reward: ") and "\n" not in str(info.value)
+
+
+def test_a_prompt_that_is_not_text_names_the_file_and_row(files):
+    (files / "bad.jsonl").write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": 3}) + "\n")
+    with pytest.raises(DataFileError, match=r"bad\.jsonl row 2: column 'prompt' is int$"):
+        task(files, path=str(files / "bad.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------ factories
+def test_a_task_factory_named_by_import_path(files):
+    (files / "my_tasks.py").write_text(
+        "from elastic_reset.tasks import Task\n\n"
+        "def make_task(data_dir=None, letter='e'):\n"
+        "    return Task(name='mine', train_prompts=['a', 'b'], eval_prompts=['c'], reference_texts=['d'],\n"
+        "                reward_fn=lambda prompts, completions: [float(letter in c) for c in completions])\n\n"
+        "def not_a_task(data_dir=None):\n"
+        "    return 42\n")
+    t = get_task(f"{files / 'my_tasks.py'}:make_task", letter="z")
+    assert t.name == "mine" and t.reward_fn(["a"], ["zz"]) == [1.0]
+    with pytest.raises(ConfigError, match=r"^task\.options: .*unexpected keyword argument 'colour'"):
+        get_task(f"{files / 'my_tasks.py'}:make_task", colour="red")
+    with pytest.raises(ConfigError, match=r"^task\.name: .* returned a int, not an elastic_reset\.tasks\.Task$"):
+        get_task(f"{files / 'my_tasks.py'}:not_a_task")
+    with pytest.raises(ConfigError, match=r"^task\.name: no such file"):
+        get_task(f"{files / 'nope.py'}:make_task")
+    with pytest.raises(ConfigError, match=r"^task\.name: unknown task 'nope'"):
+        get_task("nope")
+
+
+# ------------------------------------------------------------------------------------------------ chat
+def test_the_chat_template_is_applied_once_the_tokenizer_is_known(files):
+    from elastic_reset.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    t = task(files)
+    t.bind_tokenizer(tok)  # no template: prompts unchanged
+    assert set(t.train_prompts) <= set(PROMPTS)
+    with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: true, but"):
+        task(files, chat_template=True).bind_tokenizer(tok)
+    tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    t.bind_tokenizer(tok)
+    first = PROMPTS.index(t._raw["train_prompts"][0])
+    assert t.train_prompts[0] == f"<user>{PROMPTS[first]}<assistant>"
+    # The reward sees the prompt as written, with its row's columns.
+    assert t.reward_fn([t.train_prompts[0]], [LETTERS[first] * 2]) == [1.0]
+    off = task(files, chat_template=False)
+    off.bind_tokenizer(tok)
+    assert set(off.train_prompts) <= set(PROMPTS)
+
+
+def test_the_trainer_binds_the_tokenizer_so_the_template_choice_is_applied(files):
+    # The tiny model's tokenizer has no chat template: asking for one must stop the run's set-up, naming the option.
+    from elastic_reset.rl.config import config_from_dict
+    from elastic_reset.rl.trainer import RLTrainer
+
+    config = config_from_dict({}, ["model.name=tiny-llama", "model.autocast=none", "algo.prompts_per_step=2",
+                                   "algo.minibatch_size=2", "task.name=prompts",
+                                   f"task.options={{path: {files / 'prompts.jsonl'}, reward: '{files / 'rewards.py'}"
+                                   ":letter_reward', chat_template: true}"])
+    with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: true, but"):
+        RLTrainer(config, files / "run")
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def _readme_example() -> tuple[str, str, list[list[str]], str]:
+    """The JSONL, the reward, the commands (train, export) and the reload code of the README's "Your own task"."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Your own task\n", 1)[1].split("\n## ", 1)[0]
+    blocks: dict[str, list[str]] = {}
+    for lang, body in re.findall(r"```(json|python|bash)\n(.*?)```", section, flags=re.S):
+        blocks.setdefault(lang, []).append(body)
+    commands = [shlex.split(line, comments=True) for line in blocks["bash"][0].replace("\\\n", " ").splitlines()]
+    return blocks["json"][0], blocks["python"][0], commands, blocks["python"][1]
+
+
+def test_the_readme_example_trains_exports_and_reloads_end_to_end(tmp_path, monkeypatch):
+    jsonl, python, (train, export), reload = _readme_example()
+    (tmp_path / "prompts.jsonl").write_text(jsonl)
+    (tmp_path / "my_reward.py").write_text(python)
+    monkeypatch.chdir(tmp_path)
+    assert train[:3] == ["elastic-reset", "train", "configs/tiny.yaml"]
+    assert main(["train", str(TINY), *train[3:]]) in (0, None)
+    records = read_metrics(tmp_path / "runs" / "mine" / "metrics.jsonl")
+    rewards = [r["reward"] for r in records if "reward" in r]
+    assert len(rewards) == 6 and all(0.0 <= r <= 1.0 for r in rewards)
+    assert any("eval/kl_init" in r for r in records)
+    assert json.loads((tmp_path / "runs" / "mine" / "task.json").read_text())["name"] == "prompts"
+    assert export[:2] == ["elastic-reset", "export"] and main(export[1:]) == 0
+    scope: dict = {}
+    exec(reload, scope)  # the README's own reload code, on the folder the README's export wrote
+    ids = scope["tokenizer"]("Write a line about the sea:", return_tensors="pt").input_ids
+    assert torch.isfinite(scope["model"](input_ids=ids).logits).all()
