@@ -10,11 +10,12 @@ The trainer writes ``RUN/final/`` with :func:`save_run_policy` when a run has fi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import yaml
@@ -74,8 +75,23 @@ def save_policy(model: Any, tokenizer: Any, out: str | Path, *, merge: bool = Fa
         if card is not None:  # after peft's save_pretrained, which writes a README.md of its own
             (tmp / "README.md").write_text(card, encoding="utf-8")
 
-    save_folder_atomically(out, write)
+    with _no_progress_bar():
+        save_folder_atomically(out, write)
     return out
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers draws a bar for writing model shards, noise at the end of every run: off while saving."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 # ------------------------------------------------------------------------------------------------ model card
