@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import elastic_reset.lm.cpu_bf16 as cpu_bf16
-import elastic_reset.rl.sampling as sampling_module
 from elastic_reset.lm.cpu_bf16 import precast_weights
 from elastic_reset.lm.scoring import ResponseOutput, forward_response
 from elastic_reset.models import tiny_causal_lm
@@ -438,19 +437,56 @@ def test_merged_lora_with_zero_adapters_samples_exactly_the_base():
     assert torch.equal(merged.response_ids, plain.response_ids) and torch.equal(merged.logprobs, plain.logprobs)
 
 
-@pytest.mark.parametrize("arch", DECODERS)
-def test_preallocated_kv_cache_samples_what_the_growing_cache_samples(arch, monkeypatch):
+@pytest.mark.parametrize("arch", ALL)
+def test_kv_cache_is_one_public_transformers_cache_grown_a_position_a_step(arch, monkeypatch):
+    from transformers import DynamicCache, EncoderDecoderCache
+
     model = make_model(arch, eos_bias=1.0)
     ids, mask = prompts(arch, [3, 7, 5])
-    caches = []
-    real = sampling_module._preallocated_cache
-    monkeypatch.setattr(sampling_module, "_preallocated_cache", lambda *a: caches.append(real(*a)) or caches[-1])
-    preallocated = run(model, ids, mask, max_new_tokens=10)
-    assert caches[0] is not None and caches[0].layers[0]._key_buffer.shape[2] == ids.shape[1] + 10
-    monkeypatch.setattr(sampling_module, "_preallocated_cache", lambda *a: None)
-    growing = run(model, ids, mask, max_new_tokens=10)
-    assert torch.equal(preallocated.response_ids, growing.response_ids)
-    torch.testing.assert_close(preallocated.logprobs, growing.logprobs, rtol=0, atol=1e-6)
+    seen, forward = [], model.forward
+
+    def spy(*args, **kwargs):
+        assert "past_key_values" not in kwargs
+        given = kwargs.get("cache")
+        out = forward(*args, **kwargs)
+        seen.append((given, out.cache, int(out.cache.get_seq_length())))
+        return out
+
+    monkeypatch.setattr(model, "forward", spy)
+    r = run(model, ids, mask, max_new_tokens=10, min_new_tokens=10)
+    assert r.response_ids.shape[1] == 10 and len(seen) == 10  # the prefill and one step per later token
+    cache = seen[0][1]
+    assert isinstance(cache, EncoderDecoderCache if arch in SEQ2SEQ else DynamicCache)
+    assert seen[0][0] is None and all(given is cache and out is cache for given, out, _ in seen[1:])
+    first = 1 if arch in SEQ2SEQ else ids.shape[1]  # the decoder start token, or the whole padded prompt
+    assert [length for _, _, length in seen] == list(range(first, first + 10))
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_rollout_uses_no_deprecated_cache_api(arch):
+    """No FutureWarning or DeprecationWarning from transformers' cache API (``past_key_values=`` in a forward,
+    ``out.past_key_values``): keywords announced for removal would break the sampler on a later transformers."""
+    import warnings
+
+    peft = pytest.importorskip("peft")
+
+    def policy():
+        model = make_model(arch)
+        if arch == "llama":
+            lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+            model = peft.get_peft_model(model, lora).eval()
+        return model
+
+    ids, mask = prompts(arch, [3, 7, 5])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = policy()
+        run(model, ids, mask, max_new_tokens=4, mask_model=model)
+        # The same model under bf16: its frozen weights' fp32 packs must not be reused there.
+        run(model, ids, mask, max_new_tokens=4, autocast_dtype=torch.bfloat16)
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+                    and ("cache" in str(w.message) or "past_key_values" in str(w.message))]
+    assert deprecations == []
 
 
 def test_fp32_attention_runs_attention_in_fp32_outside_autocast(monkeypatch):
@@ -516,9 +552,8 @@ class MarkovLM(nn.Module):
         self.table = nn.Parameter(torch.randn(vocab, vocab, generator=g) * scale, requires_grad=False)
         self.config = SimpleNamespace(is_encoder_decoder=False)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
-                **kwargs):
-        return SimpleNamespace(logits=self.table[input_ids], past_key_values=None)
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
+        return SimpleNamespace(logits=self.table[input_ids], cache=None)
 
     def step_logits(self, ids, mask, r: Rollout) -> torch.Tensor:
         """[B, Tr, V]: the logits each response token was sampled from."""

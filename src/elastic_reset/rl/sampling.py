@@ -1,8 +1,9 @@
 """Sampling: draw responses from a policy with a KV cache, recording what the RL update needs.
 
 :func:`sample` is a hand-written sampling loop (not ``model.generate``): one prefill forward over the prompts, then
-one single-token forward per new token against the model's own KV cache, under ``torch.inference_mode()`` and,
-optionally, bf16 autocast. It records what the RL update needs and ``generate`` does not give cheaply: the
+one single-token forward per new token against the model's own KV cache (transformers' public ``DynamicCache``,
+passed as ``cache=`` and read back from ``out.cache``), under ``torch.inference_mode()`` and, optionally, bf16
+autocast. It records what the RL update needs and ``generate`` does not give cheaply: the
 log-probability of every sampled token, the response mask (1 up to and including EOS), and, for NLPO, the action
 mask of every step. It works for decoder-only models (left-padded prompts; position ids come from the attention
 mask, so padding never shifts positions) and for encoder-decoder models (the encoder runs once; the decoder starts
@@ -37,7 +38,6 @@ from elastic_reset.lm.scoring import (
     decoder_start_id,
     is_encoder_decoder,
     position_ids_from_mask,
-    unwrap_model,
 )
 from elastic_reset.rl.config import SamplingConfig
 
@@ -113,46 +113,6 @@ def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None =
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _preallocated_cache(model, capacity: int):
-    """A ``DynamicCache`` whose layers write into buffers of ``capacity`` positions allocated at the prefill, so a
-    decoding step copies one position in instead of concatenating the whole cache (see BENCHMARKS.md). None, so
-    that the model builds its own cache, where a layer is not a plain full-attention ``DynamicLayer`` (sliding
-    windows, other cache types) or transformers lacks the API."""
-    try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-    except ImportError:  # pragma: no cover
-        return None
-
-    class PreallocatedLayer(DynamicLayer):
-        def lazy_initialization(self, key_states, value_states):
-            super().lazy_initialization(key_states, value_states)
-            shape = lambda t: (*t.shape[:2], capacity, t.shape[-1])  # noqa: E731
-            self._key_buffer = key_states.new_empty(shape(key_states))
-            self._value_buffer = value_states.new_empty(shape(value_states))
-            self._length = 0
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start, end = self._length, self._length + key_states.shape[-2]
-            if end > capacity:
-                raise RuntimeError(f"KV cache: {end} positions exceed the {capacity} allocated")
-            self._key_buffer[:, :, start:end] = key_states
-            self._value_buffer[:, :, start:end] = value_states
-            self._length = end
-            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-            return self.keys, self.values
-
-    try:
-        cache = DynamicCache(config=unwrap_model(model).config)
-    except (TypeError, ValueError, AttributeError):  # pragma: no cover - an older or unusual config
-        return None
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    cache.layers = [PreallocatedLayer() for _ in cache.layers]
-    return cache
-
-
 class _DecoderStepper:
     """Prefill + single-token steps of a decoder-only model over its own KV cache."""
 
@@ -166,7 +126,9 @@ class _DecoderStepper:
         self.attn = torch.ones(batch, self.tq + max_new_tokens, dtype=torch.long, device=query_ids.device)
         self.attn[:, : self.tq] = query_mask
         self.next_pos = query_mask.long().sum(-1, keepdim=True)  # position of the first generated token
-        self.cache = _preallocated_cache(model, self.tq + max_new_tokens)
+        # The model builds transformers' DynamicCache at the prefill; a StaticCache would attend over its whole
+        # capacity, which rounds differently and so changes the samples (BENCHMARKS.md).
+        self.cache = None
         self.t = 0
 
     def prefill(self) -> torch.Tensor:
@@ -175,8 +137,8 @@ class _DecoderStepper:
             out = self.model(input_ids=self.query_ids,
                              attention_mask=self.attn[:, : self.tq] if self.padded else None,
                              position_ids=position_ids_from_mask(self.query_mask),
-                             past_key_values=self.cache, use_cache=True, **extra)
-        self.cache = out.past_key_values
+                             cache=self.cache, use_cache=True, **extra)
+        self.cache = out.cache
         return out.logits[:, -1]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -184,8 +146,8 @@ class _DecoderStepper:
             out = self.model(input_ids=tokens[:, None],
                              attention_mask=self.attn[:, : self.tq + self.t + 1] if self.padded else None,
                              position_ids=self.next_pos + self.t,
-                             past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+                             cache=self.cache, use_cache=True)
+        self.cache = out.cache
         self.t += 1
         return out.logits[:, -1]
 
@@ -210,8 +172,8 @@ class _Seq2SeqStepper:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         with autocast(self.model, self.autocast_dtype):
             out = self.model(encoder_outputs=self.encoder_outputs, attention_mask=self.query_mask,
-                             decoder_input_ids=tokens[:, None], past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+                             decoder_input_ids=tokens[:, None], cache=self.cache, use_cache=True)
+        self.cache = out.cache
         return out.logits[:, -1]
 
 
