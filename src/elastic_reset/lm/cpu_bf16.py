@@ -49,7 +49,8 @@ def _version(tensor: torch.Tensor) -> int | None:
 def _pack(module: torch.nn.Linear, dtype: torch.dtype, batch_hint: int):
     weight, bias = module.weight, module.bias
     cached = _PACKS.get(module)
-    if cached is not None and cached[0]() is weight and cached[1] == _version(weight) and cached[1] is not None:
+    if cached is not None and cached[0]() is weight and cached[1] == _version(weight) and cached[1] is not None \
+            and cached[2].dtype == dtype:  # a pack of another dtype (an fp32 rollout before a bf16 one) is no use
         return cached[2], cached[3]
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), batch_hint)
