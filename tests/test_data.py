@@ -18,6 +18,7 @@ from elastic_reset.errors import ConfigError, DataFileError
 DATA_PACKAGE = Path(imdb.__file__).parent
 # Besides the standard library: the project's errors, numpy, and `datasets` (the online IMDB fallback, lazily).
 ALLOWED = {"elastic_reset.errors", "numpy", "datasets"}
+"""What a reader may import besides the standard library and the other readers of data/."""
 
 
 def test_readers_import_only_the_standard_library_and_errors():
@@ -28,7 +29,8 @@ def test_readers_import_only_the_standard_library_and_errors():
                      [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             for name in names:
                 if name.split(".")[0] not in sys.stdlib_module_names and name not in ALLOWED \
-                        and name.split(".")[0] not in ALLOWED and name != "__future__":
+                        and name.split(".")[0] not in ALLOWED and name != "__future__" \
+                        and not name.startswith("elastic_reset.data."):
                     wrong.append(f"{path.name} imports {name}")
     assert not wrong, "\n".join(wrong)
 
@@ -151,3 +153,15 @@ def test_load_preferences_reads_files_and_named_sets(tmp_path):
         preferences.load_preferences(["hh-rlhf"], None)
     with pytest.raises(DataFileError, match="stack-exchange-paired"):
         preferences.load_preferences(["stack-exchange"], tmp_path)
+
+
+def test_json_lines_name_the_file_and_line_of_a_bad_one():
+    from elastic_reset.data.jsonl import json_objects
+    from elastic_reset.errors import DataFileError
+
+    assert list(json_objects(['{"a": 1}', "", '{"b": 2}'], "f.jsonl")) == [("f.jsonl:1", {"a": 1}),
+                                                                           ("f.jsonl:3", {"b": 2})]
+    with pytest.raises(DataFileError, match=r"^f\.jsonl:2: not valid JSON"):
+        list(json_objects(['{"a": 1}', "{oops"], "f.jsonl"))
+    with pytest.raises(DataFileError, match=r"^f\.jsonl:1: expected a JSON object, got list$"):
+        list(json_objects(["[1, 2]"], "f.jsonl"))

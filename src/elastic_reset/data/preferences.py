@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from elastic_reset.data.jsonl import json_objects
 from elastic_reset.errors import ConfigError, DataFileError
 
 HH_SUBSETS = {"helpful": "helpful-base", "harmless": "harmless-base"}
@@ -63,16 +64,7 @@ def read_pairs(path: str | Path) -> list[PreferencePair]:
         raise DataFileError(f"{path}: no such preference file")
     pairs = []
     with _open_text(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFileError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{where}: expected an object with prompt, chosen and rejected")
+        for where, row in json_objects(f, path):
             for key in ("prompt", "chosen", "rejected"):
                 if not isinstance(row.get(key), str):
                     raise DataFileError(f"{where}: field {key!r} missing or not a string")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_reset.data.jsonl import json_objects
 from elastic_reset.errors import ConfigError, DataFileError, RewardError
 from elastic_reset.tasks.base import Task, load_object, register_task
 
@@ -67,18 +68,7 @@ def _read_file(path: Path, key: str) -> list[dict[str, Any]]:
         raise DataFileError(f"{path}: not UTF-8 text (byte {err.start})") from None
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataFileError(f"{path} line {number}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-        return rows
+        return [row for _, row in json_objects(text.splitlines(), path)]
     if suffix == ".json":
         try:
             rows = json.loads(text)
