@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import importlib.util
 import math
 import re
 import reprlib
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    BeforeValidator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -38,6 +40,15 @@ from elastic_reset.rl.sections import Section
 
 Algo = Literal["ppo", "reinforce", "rloo"]
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
+
+Tracker = Literal["none", "all", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive",
+                  "swanlab", "aim"]
+"""A ``report_to`` entry: accelerate's tracker names (``accelerate.utils.LoggerType``), and ``none``."""
+TRACKER_PACKAGES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "trackio": ("trackio",),
+    "comet_ml": ("comet_ml",), "mlflow": ("mlflow",), "clearml": ("clearml",), "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",), "aim": ("aim",)}
+"""The modules each tracker needs, any one of them (what accelerate's ``is_..._available`` looks for)."""
 
 
 @dataclass
@@ -262,12 +273,23 @@ class TrainConfig(Section):
     """How many most recent checkpoints to keep on disk."""
     bad_reward: Literal["error", "drop"] = "error"
     """A NaN/inf or non-numeric reward: ``error`` stops the run; ``drop`` drops the sample and counts it."""
+    report_to: Annotated[list[Tracker], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = field(
+        default_factory=list)
+    """Experiment trackers that also get the metrics (as ``report_to`` in transformers / TRL), through accelerate's
+    trackers: any of ``tensorboard`` (into ``RUN/tensorboard``), ``wandb``, ``trackio``, ``comet_ml``, ``mlflow``,
+    ``clearml``, ``dvclive``, ``swanlab``, ``aim``; ``all`` (every one installed) or ``none``. A single name may be
+    given without the list. ``metrics.jsonl`` is written either way."""
     tensorboard: bool = False
-    """Also write TensorBoard event files into the run directory."""
+    """Also write TensorBoard event files into ``RUN/tensorboard``: the same as ``report_to: [tensorboard]``."""
     progress: bool = True
     """Show a progress bar."""
     threads: PositiveInt | None = None
     """torch CPU threads (None: torch's default)."""
+
+    def trackers(self) -> list[str]:
+        """The trackers to open: ``report_to`` with ``tensorboard: true`` folded in (``all`` stays ``all``)."""
+        names = [name for name in self.report_to if name != "none"] + (["tensorboard"] if self.tensorboard else [])
+        return list(dict.fromkeys(names))
 
     def validate(self) -> None:
         """Refuse an unknown key, a wrong type or an impossible value, naming the key. :func:`config_from_dict`
@@ -290,6 +312,14 @@ def _check_rules(config: TrainConfig) -> None:
     keep_ema = [name for name, cls in METHOD_CLASSES.items() if cls.keeps_ema]
     need(config.kl.reference != "ema" or METHOD_CLASSES[config.method.name].keeps_ema, "kl.reference",
          f"'ema' needs a method that keeps an EMA ({', '.join(keep_ema)}), not {config.method.name!r}")
+    need("none" not in config.report_to or len(set(config.report_to)) == 1, "report_to",
+         f"'none' cannot be combined with trackers, got {_short(config.report_to)}")
+    for name in config.trackers():
+        modules = TRACKER_PACKAGES.get(name, ())
+        key = "report_to" if name in config.report_to else "tensorboard"
+        need(not modules or any(importlib.util.find_spec(m) is not None for m in modules), key,
+             f"the {name} tracker needs the {modules[0] if modules else name} package; pip install "
+             f"{modules[0].replace('_', '-') if modules else name}, or leave {name} out")
     if config.model.name in ("tiny-llama", "tiny-gpt2"):
         from elastic_reset.models import check_tiny_size  # imported here: it brings torch
 
@@ -579,20 +609,27 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "progress")
+"""The settings a continued run may change: how far it goes and where it reports, nothing that changes a number."""
+
+
 def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
     """Refuse to continue the run whose ``config.yaml`` is ``saved_path`` with a different ``config``: only
-    ``steps`` may change. The saved file is read through today's defaults first, so a run written before a field
-    existed compares equal when the field is at its default."""
+    :data:`RESUMABLE_CHANGES` may change. The saved file is read through today's defaults first, so a run written
+    before a field existed compares equal when the field is at its default."""
     saved_path = Path(saved_path)
     try:
-        saved = config_to_dict(config_from_dict(yaml.load(saved_path.read_text(), _SavedLoader) or {}))
+        data = yaml.load(saved_path.read_text(), _SavedLoader) or {}
+        if isinstance(data, dict):  # a tracker of then need not be installed now
+            data = {key: value for key, value in data.items() if key not in RESUMABLE_CHANGES}
+        saved = config_to_dict(config_from_dict(data))
     except (ConfigError, _Refused, yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{saved_path}: the saved config no longer loads ({' '.join(str(err).split())})") from None
     resolved = config_to_dict(config)
     for key in sorted(set(saved) | set(resolved)):
-        if key != "steps" and saved.get(key) != resolved.get(key):
-            raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only `steps` "
-                              "may change when a run is continued")
+        if key not in RESUMABLE_CHANGES and saved.get(key) != resolved.get(key):
+            raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only "
+                              f"{', '.join(RESUMABLE_CHANGES)} may change when a run is continued")
 
 
 # ------------------------------------------------------------------------------------------- documentation

@@ -10,7 +10,6 @@ drift-control method's :mod:`~elastic_reset.rl.methods`'.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from contextlib import ExitStack
@@ -26,7 +25,7 @@ from elastic_reset.lm.scoring import ResponseOutput, contiguous_head_input
 from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import list_checkpoints, save_checkpoint
-from elastic_reset.rl.config import TrainConfig
+from elastic_reset.rl.config import TrainConfig, config_to_dict
 from elastic_reset.rl.distributed import DataParallel, mean_record
 from elastic_reset.rl.estimators import Minibatch, build_estimator
 from elastic_reset.rl.evaluation import Evaluator
@@ -41,6 +40,7 @@ from elastic_reset.rl.policy import (
 )
 from elastic_reset.rl.reward import CheckedReward
 from elastic_reset.rl.rundir import RunDirectory
+from elastic_reset.rl.tracking import Trackers
 from elastic_reset.lm.rollout import Rollout
 from elastic_reset.tasks import Task, get_task
 
@@ -131,7 +131,7 @@ class RLTrainer:
         self.step = 0
         self.data_epoch, self.data_index = 0, 0
         self.metrics = self.run.metrics
-        self._tb = None
+        self._trackers: Trackers | None = None
 
     def _cast_frozen_weights(self) -> None:
         """Under bf16 autocast, cast the weights that never change (a LoRA base, the reference copy) to bf16 once,
@@ -462,14 +462,10 @@ class RLTrainer:
         if not self.dp.is_main:
             return
         self.metrics.write(record)
-        if self.config.tensorboard:
-            if self._tb is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(self.out_dir / "tensorboard")
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
-                    self._tb.add_scalar(key, value, record["step"])
+        if self._trackers is None and self.config.trackers():  # opened at the first record: set-up writes nothing
+            self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config))
+        if self._trackers is not None:
+            self._trackers.log(record)
 
     def _eval_due(self, step: int) -> bool:
         every = self.config.eval.every
@@ -521,6 +517,6 @@ class RLTrainer:
                 bar.close()
             self.close()
             self.metrics.close()
-            if self._tb is not None:
-                self._tb.close()
+            if self._trackers is not None:
+                self._trackers.close()
         return [r for r in written if r is not None]
