@@ -6,6 +6,7 @@ weights after each optimizer step (before the reset) and after our step end, and
 """
 
 import copy
+import logging
 import os
 import re
 import shutil
@@ -214,13 +215,13 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- plain HF Trainer
-def _lm_trainer(output_dir, callbacks, max_steps=4):
+def _lm_trainer(output_dir, callbacks, max_steps=4, report_to="none"):
     """A tiny causal LM on fixed byte sequences: 2 micro-batches per optimizer step, checkpoints every 2 steps."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 259, (16, 12), generator=gen).tolist()
     args = TrainingArguments(
         output_dir=str(output_dir), use_cpu=True, seed=0, learning_rate=1e-2, per_device_train_batch_size=2,
-        gradient_accumulation_steps=2, max_steps=max_steps, logging_steps=1, save_steps=2, report_to="none",
+        gradient_accumulation_steps=2, max_steps=max_steps, logging_steps=1, save_steps=2, report_to=report_to,
         disable_tqdm=True,
     )
     return Trainer(model=tiny_causal_lm(hidden=64, layers=2), args=args, callbacks=callbacks,
@@ -320,3 +321,19 @@ def test_constructor_validates_like_elastic_reset():
         ElasticResetCallback(mode="elastic")
     with pytest.raises(ValueError, match="decay"):
         ElasticResetCallback(decay=1.0, reset_every=2)
+
+
+def test_plain_callbacks_reach_the_report_to_trackers_and_resets_are_visible(tmp_path, caplog):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    callback = ElasticResetCallback(decay=DECAY, reset_every=RESET_EVERY, save_ema=False)
+    trainer = _lm_trainer(tmp_path, [callback], report_to="tensorboard")  # no attach()
+    with caplog.at_level(logging.WARNING):  # the default level
+        trainer.train()
+    first = trainer.callback_handler.callbacks[0]
+    assert first is not callback and first.owner is callback  # the metrics go first; the callback stays where it was
+    events = [EventAccumulator(str(f.parent)).Reload() for f in tmp_path.rglob("events.out.tfevents.*")]
+    resets = [s for ea in events if "train/elastic_reset/resets" in ea.Tags()["scalars"]
+              for s in ea.Scalars("train/elastic_reset/resets")]
+    assert {s.step: s.value for s in resets} == {1: 0.0, 2: 1.0, 3: 1.0, 4: 2.0}  # step 4 twice: the run summary
+    assert sum("Elastic Reset #" in r.getMessage() for r in caplog.records) == 2

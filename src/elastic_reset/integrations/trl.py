@@ -67,8 +67,11 @@ class ElasticResetCallback(TrainerCallback):
     Logs: every log gets ``elastic_reset/resets`` (resets so far) and ``elastic_reset/distance`` (‖θ − θ̄‖ now),
     both in ``trainer.state.log_history`` and in the ``logs`` seen by the callbacks after this one (the console
     and progress printers). transformers runs reporting integrations before the callbacks the user passes
-    (``Trainer.__init__``: ``DEFAULT_CALLBACKS + reporting callbacks + callbacks``); call :meth:`attach` to move this
-    callback first so that W&B, TensorBoard, ... see the two metrics too. :attr:`events` lists every reset.
+    (``Trainer.__init__``: ``DEFAULT_CALLBACKS + reporting callbacks + callbacks``), so when training begins this
+    callback puts a small one first that adds the two metrics to each log (it finds the trainer on the call stack),
+    and W&B, TensorBoard, ... log them with a plain ``callbacks=[callback]``. :meth:`attach` instead moves this
+    callback itself first (its reset then also precedes other callbacks' step ends). A reset is logged at WARNING level,
+    visible by default. :attr:`events` lists every reset.
 
     Checkpoints: each ``checkpoint-{global_step}`` folder gets ``elastic_reset.pt`` (EMA, θ0, counters, events),
     and a resumed run loads it back, so θ0 is the run's true initial weights, not the resumed ones. transformers
@@ -111,6 +114,7 @@ class ElasticResetCallback(TrainerCallback):
         """Built when training begins; None before."""
         self.events: list[ResetEvent] = []
         """Every reset of the run, resumed ones included."""
+        self._logs_first = False  # a _LogsFirst callback adds this one's metrics to the logs
         # Fail now, not when training begins, on bad arguments: build one over a throwaway parameter.
         probe = torch.nn.Parameter(torch.zeros(1))
         self._build([("probe", probe)], torch.optim.SGD([probe], lr=0.0), device="cpu", exclude=None)
@@ -138,6 +142,16 @@ class ElasticResetCallback(TrainerCallback):
             raise ValueError("ElasticResetCallback: the trainer passed no model to on_train_begin")
         self.elastic_reset = self._build(model, optimizer)
         self.events = []
+        # Reporting integrations (report_to) run before the callbacks a user passes: a small callback placed first
+        # adds this one's metrics to the logs they read, without moving this one (its step-end order is the user's).
+        trainer = _training_trainer()
+        callbacks = [] if trainer is None else trainer.callback_handler.callbacks
+        self._logs_first = trainer is not None and callbacks[0] is not self
+        if self._logs_first and not any(isinstance(c, _LogsFirst) and c.owner is self for c in callbacks):
+            callbacks.insert(0, _LogsFirst(self))
+        elif trainer is None:
+            logger.warning("ElasticResetCallback: the trainer could not be found to run this callback first; call "
+                           "callback.attach(trainer) so that report_to trackers log elastic_reset/* metrics")
         # Resuming is the only way a run begins past step 0 (Trainer._init_training_state), and by now the model,
         # optimizer and trainer state are the checkpoint's: the EMA and θ0 must be too.
         if state.global_step > 0:
@@ -147,10 +161,15 @@ class ElasticResetCallback(TrainerCallback):
         event = self.elastic_reset.step()
         if event is not None:
             self.events.append(event)
-            logger.info("Elastic Reset #%d (%s) at step %d: the policy was %.4g from its EMA",
+            logger.warning("Elastic Reset #%d (%s) at step %d: the policy was %.4g from its EMA",
                         event.index, event.mode, state.global_step, event.distance)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self._logs_first:
+            self.add_metrics(state, logs)
+
+    def add_metrics(self, state, logs) -> None:
+        """Put ``elastic_reset/resets`` and ``elastic_reset/distance`` into ``logs`` and the last history entry."""
         if self.elastic_reset is None or logs is None:
             return
         metrics = {"elastic_reset/resets": self.elastic_reset.num_resets,
@@ -235,6 +254,17 @@ class ElasticResetCallback(TrainerCallback):
         self.events = [ResetEvent(**e) for e in saved["events"]]
 
 
+class _LogsFirst(TrainerCallback):
+    """Runs first among the trainer's callbacks and adds ``owner``'s metrics to each log, so that the reporting
+    integrations, which run before the user's callbacks, log them too."""
+
+    def __init__(self, owner: ElasticResetCallback):
+        self.owner = owner
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.owner.add_metrics(state, logs)
+
+
 def _resumed_checkpoint() -> str | None:
     """The folder ``Trainer.train(resume_from_checkpoint=...)`` is resuming from, or None if it cannot be found.
 
@@ -244,12 +274,24 @@ def _resumed_checkpoint() -> str | None:
     is read from that frame of the call stack. Best effort: the caller falls back to
     ``{output_dir}/checkpoint-{global_step}``, and checks that the state file found matches the resumed model.
     """
+    frame = _training_frame()
+    folder = None if frame is None else frame.f_locals.get("resume_from_checkpoint")
+    return os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
+
+
+def _training_trainer() -> Any | None:
+    """The ``Trainer`` whose training loop called this callback (see :func:`_resumed_checkpoint`), or None."""
+    frame = _training_frame()
+    return None if frame is None else frame.f_locals["self"]
+
+
+def _training_frame() -> Any | None:
+    """The frame of ``Trainer._inner_training_loop`` on the call stack, or None."""
     from transformers import Trainer
 
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "_inner_training_loop" and isinstance(frame.f_locals.get("self"), Trainer):
-            folder = frame.f_locals.get("resume_from_checkpoint")
-            return os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
+            return frame
         frame = frame.f_back
     return None
