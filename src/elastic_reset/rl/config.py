@@ -670,19 +670,16 @@ def describe_fields() -> list[tuple[str, str, str, str]]:
     :class:`TrainConfig`, then each drift method's own settings under ``method.*`` (with the methods they belong to)."""
     rows: list[tuple[str, str, str, str]] = []
 
-    def walk(cls: type, prefix: str) -> None:
+    def walk(cls: type, prefix: str, owners: str = "") -> None:
         docs, hints = _field_docs(cls), typing.get_type_hints(cls, include_extras=True)
         for f in dataclasses.fields(cls):
             if f.name == "method" and cls is TrainConfig:
                 rows.append(("method.name", "str", "'kl'", f"the drift-control method: one of {', '.join(METHODS)}"))
-                for method_cls in dict.fromkeys(c for c in METHOD_CLASSES.values()):
+                for method_cls in dict.fromkeys(METHOD_CLASSES.values()):
                     names = ", ".join(n for n, c in METHOD_CLASSES.items() if c is method_cls)
-                    for mf in dataclasses.fields(method_cls.Config):
-                        if mf.name != "name":
-                            mdocs = _field_docs(method_cls.Config)
-                            rows.append((f"method.{mf.name}", _type_name(typing.get_type_hints(
-                                method_cls.Config, include_extras=True)[mf.name]), repr(mf.default),
-                                f"[{names}] {mdocs.get(mf.name, '')}"))
+                    walk(method_cls.Config, "method.", f"[{names}] ")
+                continue
+            if owners and f.name == "name":  # a method's name: the one method.name row above
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
             if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
@@ -690,7 +687,8 @@ def describe_fields() -> list[tuple[str, str, str, str]]:
             if dataclasses.is_dataclass(default):
                 walk(type(default), f"{prefix}{f.name}.")
                 continue
-            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), repr(default), docs.get(f.name, "")))
+            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), repr(default),
+                         owners + docs.get(f.name, "")))
             inner = [t for t in typing.get_args(hints[f.name]) if isinstance(t, type) and issubclass(t, Section)]
             if inner:  # an optional section (model.lora): its settings once it is given
                 walk(inner[0], f"{prefix}{f.name}.")
