@@ -9,7 +9,8 @@ from typing import Literal
 
 import torch
 
-from elastic_reset.errors import ElasticResetError, RewardError
+from elastic_reset.errors import RewardError
+from elastic_reset.rewards.calling import call_reward
 
 
 class CheckedReward:
@@ -30,20 +31,11 @@ class CheckedReward:
         self.keywords = _takes_keywords(reward_fn)
 
     def __call__(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            raw = (self.reward_fn(prompts=prompts, completions=completions) if self.keywords
-                   else self.reward_fn(prompts, completions))
-        except Exception as err:  # the reward's own bug: keep its type and traceback, say whose reward it was
-            if not isinstance(err, ElasticResetError):
-                err.add_note(f"(raised by the reward function of task {self.task_name!r})")
-            raise
-        try:
-            values = [math.nan if v is None else float(v) for v in raw]
-        except (TypeError, ValueError) as err:
-            raise RewardError(f"reward function of task {self.task_name!r} did not return numbers: {err}") from None
-        if len(values) != len(completions):
-            raise RewardError(f"reward function of task {self.task_name!r} returned {len(values)} values for "
-                              f"{len(completions)} completions")
+        who = f"reward function of task {self.task_name!r}"
+        call = ((lambda: self.reward_fn(prompts=prompts, completions=completions)) if self.keywords
+                else (lambda: self.reward_fn(prompts, completions)))
+        values = [math.nan if v is None else v for v in
+                  call_reward(call, len(completions), who=who, raised_by=f"the {who}")]
         scores = torch.tensor(values, dtype=torch.float32, device=self.device)
         keep = torch.isfinite(scores)
         if not keep.all():

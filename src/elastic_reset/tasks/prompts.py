@@ -31,6 +31,7 @@ The chat template needs the policy's tokenizer, which is loaded after the task: 
 from __future__ import annotations
 
 import csv
+import functools
 import inspect
 import json
 import math
@@ -40,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.data.jsonl import json_objects
-from elastic_reset.errors import ConfigError, DataFileError, RewardError
+from elastic_reset.errors import ConfigError, DataFileError
+from elastic_reset.rewards.calling import call_reward
 from elastic_reset.tasks.base import Task, load_object, register_task
 
 _RESERVED = ("prompts", "completions")
@@ -169,18 +171,9 @@ class TRLReward:
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
         for (spec, fn), weight in zip(self.functions, self.weights):
-            try:
-                out = fn(prompts=originals, completions=list(completions), **columns)
-            except Exception as err:  # the user's own bug: its type and traceback stay, the note says which reward
-                err.add_note(f"(raised by task.options.reward {spec})")
-                raise
-            try:
-                values = [None if v is None else float(v) for v in out]
-            except (TypeError, ValueError) as err:
-                raise RewardError(f"task.options.reward: {spec} did not return numbers: {err}") from None
-            if len(values) != len(completions):
-                raise RewardError(f"task.options.reward: {spec} returned {len(values)} values for "
-                                  f"{len(completions)} completions")
+            values = call_reward(functools.partial(fn, prompts=originals, completions=list(completions), **columns),
+                                 len(completions), who=f"task.options.reward: {spec}",
+                                 raised_by=f"task.options.reward {spec}")
             for i, v in enumerate(values):
                 if v is not None:  # TRL's None: this reward does not apply to this sample
                     total[i] += weight * v
