@@ -10,6 +10,7 @@ so every layer of the package may use it (it imports only :mod:`elastic_reset.er
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from elastic_reset.errors import RunFileError, RunRecoveryWarning
+from elastic_reset.errors import DirectoryInUseError, RunFileError, RunRecoveryWarning
 
 # Every temporary name starts with "." and contains this marker, so stale ones can be found (and only they).
 _TMP = ".tmp-"
@@ -238,11 +239,6 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        import fcntl
-        import warnings
-
-        from elastic_reset.errors import DirectoryInUseError, RunRecoveryWarning
-
         while self._fd is None:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.lm.scoring import ResponseOutput, forward_response, token_nll
+from elastic_reset.lm.scoring import ResponseOutput, device_of, forward_response, token_nll
 from elastic_reset.rl.config import ModelConfig, SamplingConfig
 from elastic_reset.lm.rollout import Rollout
 from elastic_reset.rl.sampling import sample
@@ -166,7 +166,7 @@ class Policy:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return device_of(self.model)
 
     @property
     def is_encoder_decoder(self) -> bool:
