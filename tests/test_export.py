@@ -149,6 +149,29 @@ def test_a_step_never_saved_is_one_line_naming_the_saved_steps(lora_run, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
+def test_a_damaged_or_planted_step_is_one_line_and_nothing_runs(lora_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_run[0], run)
+    step_file(run, 2).write_bytes(b"torn")
+    _one_line_error(capsys, ["export", str(run), "--step", "2", "--out", str(tmp_path / "x")],
+                    "step_0000002.pt: does not load")
+    marker = tmp_path / "ran"
+    torch.save({"step": 4, "x": _Planted(str(marker))}, step_file(run, 4))
+    _one_line_error(capsys, ["export", str(run), "--step", "4", "--out", str(tmp_path / "x")],
+                    "step_0000004.pt: does not load")
+    assert not marker.exists() and not (tmp_path / "x").exists()
+
+
+class _Planted:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
 def test_ema_of_a_method_without_one_is_one_line(full_run, tmp_path, capsys):
     run, _ = full_run
     _one_line_error(capsys, ["export", str(run), "--ema", "--out", str(tmp_path / "x")], "--ema", "'kl'",

@@ -119,6 +119,23 @@ def _read(path: Path) -> Any:
         return torch.load(f, map_location="cpu", weights_only=True)
 
 
+def _is_state_of(state: Any, path: Path) -> bool:
+    """Whether ``state`` is this project's checkpoint of the step ``path``'s name says."""
+    return isinstance(state, dict) and state.get("step") == checkpoint_step(path)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The state of one checkpoint file (a step chosen by name, not the latest): tensors and plain data only; a
+    file that does not load, or is not this project's checkpoint of its step, is a :class:`RunFileError`."""
+    try:
+        state = _read(path)
+    except Exception as err:  # a torn or foreign file: any unpickling error
+        raise RunFileError(f"{path}: does not load ({_load_failure(err)[1]})") from None
+    if not _is_state_of(state, path):
+        raise RunFileError(f"{path}: not this project's checkpoint of step {checkpoint_step(path)}")
+    return state
+
+
 def latest_step(run_dir: Path) -> int | None:
     """The step a resume would start from, without loading a checkpoint (a big model's takes seconds): the one
     ``latest`` points to, else the newest file (as :func:`load_latest` does); None when there is no checkpoint."""
@@ -155,7 +172,7 @@ def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
             warnings.warn(f"{path}: does not load ({why}); trying an older checkpoint", RunRecoveryWarning,
                           stacklevel=2)
             continue
-        if not isinstance(state, dict) or state.get("step") != checkpoint_step(path):
+        if not _is_state_of(state, path):
             failures.append(f"{path.name} (not this project's checkpoint of step {checkpoint_step(path)})")
             continue
         return path, state

@@ -21,8 +21,8 @@ import torch
 import yaml
 
 from elastic_reset.errors import ConfigError, RunFileError
-from elastic_reset.io import open_regular, read_metrics, save_folder_atomically
-from elastic_reset.rl.checkpoint import checkpoint_step, list_checkpoints, load_latest
+from elastic_reset.io import read_metrics, save_folder_atomically
+from elastic_reset.rl.checkpoint import checkpoint_step, list_checkpoints, load_latest, read_state
 from elastic_reset.rl.config import TrainConfig, config_to_dict, load_config
 from elastic_reset.rl.methods import METHOD_CLASSES
 from elastic_reset.rl.policy import load_model_and_tokenizer, trainable_named_parameters
@@ -188,16 +188,7 @@ def _load_step(run_dir: Path, step: int | None) -> dict[str, Any]:
     if step not in files:
         kept = ", ".join(str(s) for s in sorted(files)) or "none"
         raise RunFileError(f"--step {step}: {run_dir} has no checkpoint of step {step}; the steps saved are: {kept}")
-    path = files[step]
-    try:
-        with open_regular(path) as f:
-            # Tensors and plain data only: unpickling anything else could run code planted in the file.
-            state = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as err:  # a torn or foreign file: any unpickling error
-        raise RunFileError(f"{path}: does not load ({type(err).__name__}); export another step") from None
-    if not isinstance(state, dict) or state.get("step") != step:
-        raise RunFileError(f"{path}: not this project's checkpoint of step {step}")
-    return state
+    return read_state(files[step])
 
 
 def _check_ema(config: TrainConfig) -> None:
