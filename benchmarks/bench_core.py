@@ -131,10 +131,12 @@ def build(config: str):
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR_FULL)
         return model, opt, contextlib.nullcontext
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
+
+    from elastic_reset.lm.lora import add_lora
 
     base, _ = load_smollm2(torch.float32)
-    model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", bias="none", **LORA))
+    model = add_lora(base, LoraConfig(task_type="CAUSAL_LM", bias="none", **LORA))
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR_LORA)
     if config == "lora_bf16":

@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = [("fp32", None, False), ("bf16", torch.bfloat16, False), ("bf16+LoRA", torch.bfloat16, True)]
     for name, dtype, lora in rows:
         if lora:
-            from peft import LoraConfig, get_peft_model
+            from peft import LoraConfig
 
-            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
+            from elastic_reset.lm.lora import add_lora
+
+            model = add_lora(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
             model.eval()
         t_ours = median_time(ours(dtype), args.repeats)
         t_hf = median_time(hf(dtype), args.repeats)

@@ -9,10 +9,11 @@ one ``sample()`` call, which separates the GPU's own time from the host's.
 import time
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from elastic_reset.lm.lora import add_lora
 from elastic_reset.rl.config import SamplingConfig
 from elastic_reset.rl.sampling import sample
 
@@ -24,7 +25,7 @@ def main() -> None:
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     model = LlamaForCausalLM(cfg).cuda()
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
-    model = get_peft_model(model, lora)
+    model = add_lora(model, lora)
     model.eval()
     B, TQ, N = 16, 16, 32
     ids = torch.randint(3, 49152, (B, TQ), device="cuda")
@@ -58,13 +59,12 @@ def main() -> None:
         from transformers import DynamicCache
         cache = DynamicCache()
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1)
             am = mask
             for _ in range(N - 1):
                 am = torch.cat([am, am.new_ones(B, 1)], 1)
-                out = model(input_ids=tok[:, None], attention_mask=am, past_key_values=out.past_key_values,
-                            use_cache=True)
+                out = model(input_ids=tok[:, None], attention_mask=am, cache=out.cache, use_cache=True)
                 tok = out.logits[:, -1].argmax(-1)
 
     print("ms per token, batch 16, 32 new tokens, prompt 16, torch", torch.__version__, torch.cuda.get_device_name())

@@ -174,7 +174,8 @@ KINDS = {"a FIFO": make_fifo, "a directory": make_directory,
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_non_regular_newest_checkpoint_is_named_and_never_opened(run, kind):
     KINDS[kind](step_file(run, 4))  # `latest` still names it
-    with deadline(60), pytest.warns(RunRecoveryWarning, match=rf"step_0000004\.pt: {kind}, not a regular file"):
+    with (deadline(60), pytest.warns(RunRecoveryWarning, match=r"using the newest, step_0000002\.pt"),
+          pytest.warns(RunRecoveryWarning, match=rf"step_0000004\.pt: {kind}, not a regular file")):
         path, state = load_latest(run)
     assert path == step_file(run, 2) and state["step"] == 2
     with deadline(60), pytest.warns(RunRecoveryWarning, match="step_0000004.pt"):

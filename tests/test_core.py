@@ -302,14 +302,15 @@ def test_manual_reset_and_mode_none():
 # -------------------------------------------------------------------------------------------- 3. LoRA, exclude
 @pytest.fixture(scope="module")
 def lora_model_factory():
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
 
+    from elastic_reset.lm.lora import add_lora
     from elastic_reset.models import tiny_causal_lm
 
     def make():
         base = tiny_causal_lm(hidden=32, layers=2, seed=0)
-        return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                               target_modules=["q_proj", "v_proj"]))
+        return add_lora(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                         target_modules=["q_proj", "v_proj"]))
     return make
 
 

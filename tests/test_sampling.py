@@ -13,6 +13,7 @@ from torch import nn
 
 import elastic_reset.lm.cpu_bf16 as cpu_bf16
 from elastic_reset.lm.cpu_bf16 import precast_weights
+from elastic_reset.lm.lora import add_lora
 from elastic_reset.lm.scoring import ResponseOutput, forward_response
 from elastic_reset.models import tiny_causal_lm
 from elastic_reset.rl.sampling import Rollout, SamplingConfig, sample, sample_from_logits, top_p_set
@@ -320,8 +321,8 @@ def test_sample_from_logits_never_draws_a_masked_token_even_at_u_near_one(monkey
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
 def test_peft_lora_model(autocast_dtype):
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(make_model("llama", eos_bias=3.0),
-                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = add_lora(make_model("llama", eos_bias=3.0),
+                     peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     model.eval()
     ids, mask = left_padded([3, 7, 5])
     r = run(model, ids, mask, max_new_tokens=8, autocast_dtype=autocast_dtype)
@@ -344,8 +345,8 @@ def test_packed_linears_sample_exactly_what_autocast_samples(arch, monkeypatch):
     peft = pytest.importorskip("peft")
     model = make_model(arch, eos_bias=1.0)
     if arch == "llama":  # a LoRA model whose adapters are not zero: the packed base and the adapters both count
-        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                           init_lora_weights=False))
+        model = add_lora(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                init_lora_weights=False))
         model.eval()
     ids, mask = prompts(arch, [3, 7, 5])
     packed = run(model, ids, mask, max_new_tokens=10, top_p=0.9, autocast_dtype=torch.bfloat16)
@@ -361,8 +362,8 @@ def test_fp32_packed_linears_sample_what_the_plain_model_samples(arch, monkeypat
     peft = pytest.importorskip("peft")
     model = make_model(arch, eos_bias=1.0)
     if arch == "llama":
-        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                           init_lora_weights=False))
+        model = add_lora(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                init_lora_weights=False))
         model.eval()
     ids, mask = prompts(arch, [3, 7, 5])
     with torch.no_grad(), cpu_bf16.packed_linears(model, None, merge_lora=True) as patched:
@@ -402,8 +403,8 @@ def test_packed_linears_keep_frozen_packs_until_the_weight_changes():
 @needs_onednn_bf16
 def test_merged_lora_sampling_applies_the_adapters_at_bf16_precision():
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(make_model("llama"), peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                                     target_modules=["q_proj", "v_proj"]))
+    model = add_lora(make_model("llama"), peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                          target_modules=["q_proj", "v_proj"]))
     model.eval()
     ids, mask = prompts("llama", [3, 7, 5])
     lora = model.base_model.model.model.layers[0].self_attn.q_proj
@@ -428,8 +429,8 @@ def test_merged_lora_sampling_applies_the_adapters_at_bf16_precision():
 @needs_onednn_bf16
 def test_merged_lora_with_zero_adapters_samples_exactly_the_base():
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(make_model("llama", eos_bias=1.0),
-                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = add_lora(make_model("llama", eos_bias=1.0),
+                     peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     model.eval()  # LoRA B starts at zero: W + s·B·A is W, so the initial policy samples are unchanged
     ids, mask = prompts("llama", [3, 7, 5])
     merged = run(model, ids, mask, max_new_tokens=10, autocast_dtype=torch.bfloat16, merge_lora=True)
@@ -474,7 +475,7 @@ def test_rollout_uses_no_deprecated_cache_api(arch):
         model = make_model(arch)
         if arch == "llama":
             lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-            model = peft.get_peft_model(model, lora).eval()
+            model = add_lora(model, lora).eval()
         return model
 
     ids, mask = prompts(arch, [3, 7, 5])

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 
 from elastic_reset.integrations import trl as integration
 from elastic_reset.integrations.trl import EMA_DIR, STATE_FILE, ElasticResetCallback
+from elastic_reset.lm.lora import add_lora
 from elastic_reset.models import byte_tokenizer, tiny_causal_lm
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
@@ -188,7 +189,7 @@ def test_grpo_resume_continues_the_saved_state_exactly(grpo):
 def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
     trl = pytest.importorskip("trl")
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(tiny_causal_lm(hidden=64, layers=2), peft.LoraConfig(
+    model = add_lora(tiny_causal_lm(hidden=64, layers=2), peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     callback = ElasticResetCallback(decay=DECAY, reset_every=RESET_EVERY)

@@ -178,13 +178,14 @@ def build_model(config: RewardModelConfig):
 
     torch.manual_seed(config.seed)
     if config.backbone == "smollm2":
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
 
+        from elastic_reset.lm.lora import add_lora
         from elastic_reset.models import load_smollm2
 
         causal, tokenizer = load_smollm2()
-        backbone = get_peft_model(causal.model, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
-                                                           target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        backbone = add_lora(causal.model, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
+                                                     target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
         pooling = "last"
     elif config.backbone == "tiny-llama":
         from elastic_reset.models import byte_tokenizer, tiny_causal_lm

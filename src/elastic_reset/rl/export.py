@@ -64,7 +64,8 @@ def save_policy(model: Any, tokenizer: Any, out: str | Path, *, merge: bool = Fa
         try:
             for c in configs:
                 c.base_model_name_or_path = base_model
-            model.save_pretrained(tmp)
+            # The engine never resizes the vocabulary; peft's "auto" would ask the Hub to find that out.
+            model.save_pretrained(tmp, save_embedding_layers=False)
         finally:
             for c, name in zip(configs, before):
                 c.base_model_name_or_path = name

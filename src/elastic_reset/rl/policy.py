@@ -84,7 +84,9 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     if config.lora is not None:
         import reprlib
 
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
+
+        from elastic_reset.lm.lora import add_lora
 
         # peft's own rule for a list (the name, or its last dotted parts); it would raise a raw ValueError.
         targets = list(config.lora.target_modules)
@@ -95,7 +97,7 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
                                    and module.weight.dim() == 2)
             raise ConfigError(f"model.lora.target_modules: {reprlib.repr(targets)} matches no module of "
                               f"{config.name!r}; its layers include {', '.join(list(layers)[:10])}")
-        model = get_peft_model(model, LoraConfig(
+        model = add_lora(model, LoraConfig(
             r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
             target_modules=targets, bias="none",
             task_type="SEQ_2_SEQ_LM" if model.config.is_encoder_decoder else "CAUSAL_LM",
