@@ -423,10 +423,19 @@ def test_the_cli_trains_a_reward_model_and_refuses_a_bad_file(tmp_path, capsys):
     data = write_toy_file(tmp_path / "pairs.jsonl", 200, 0)
     assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--epochs", "2",
                  "--batch-size", "16", "--max-tokens", "96", "--save-steps", "7", "--group-by-length",
-                 "--out", str(tmp_path / "rm")]) == 0
+                 "--report-to", "tensorboard", "--out", str(tmp_path / "rm")]) == 0
     assert "test accuracy" in capsys.readouterr().out and (tmp_path / "rm" / "reward_model.json").is_file()
     config = json.loads((tmp_path / "rm" / "reward_model.json").read_text())["config"]
     assert config["save_steps"] == 7 and config["group_by_length"] is True
+    # The tracker got the Trainer's losses, and its event files outlive the checkpoints folder.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = [EventAccumulator(str(f.parent)).Reload() for f in (tmp_path / "rm" / "runs").rglob("events.out.*")]
+    assert any(len(e.Scalars("train/loss")) >= 2 for e in events if "train/loss" in e.Tags()["scalars"])
+    assert main(["reward-model", "train", "--backbone", "tiny-llama", "--data", str(data), "--report-to", "tensorbord",
+                 "--out", str(tmp_path / "rm4")]) == 2
+    assert "report_to: expected tracker names from" in capsys.readouterr().err
+    assert not (tmp_path / "rm4.checkpoints").exists()
     # Scored again on its own test split: the numbers it was trained with, now per category too.
     assert main(["reward-model", "evaluate", str(tmp_path / "rm")]) == 0
     assert re.search(r"all \d\.\d{3} ± \d\.\d{3} /", capsys.readouterr().out)  # accuracy ± its error over prompts

@@ -17,7 +17,7 @@
                   (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
-                  [--max-tokens T] [--save-steps N] [--group-by-length] [--out DIR] [--resume]
+                  [--max-tokens T] [--save-steps N] [--group-by-length] [--out DIR] [--resume] [--report-to TRACKER]
     elastic-reset reward-model evaluate DIR [--split test] [--data-dir ../shared/data] [--force]
 """
 
@@ -180,7 +180,8 @@ def _reward_model_train(args: argparse.Namespace) -> int:
     config = RewardModelConfig(backbone=args.backbone, advantage=args.advantage, data=args.data,
                                data_dir=args.data_dir, seed=args.seed, epochs=args.epochs, lr=args.lr,
                                batch_size=args.batch_size, max_tokens=args.max_tokens, bf16=args.bf16,
-                               save_steps=args.save_steps, group_by_length=args.group_by_length)
+                               save_steps=args.save_steps, group_by_length=args.group_by_length,
+                               report_to=args.report_to or [])
     out = Path(args.out) if args.out else reward_model_path(args.backbone, args.advantage, args.data, args.seed)
     metrics = train_reward_model(config, out, resume=args.resume)
     print(f"reward model written to {out} in {metrics['train_seconds']:.0f} s; test accuracy "
@@ -404,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--bf16", action="store_true", help="bf16 mixed-precision training, for a GPU (on an "
                           "AVX-512 BF16 CPU it was no faster than fp32 for SmolLM2)")
     rm_train.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
+    rm_train.add_argument("--report-to", action="append", metavar="TRACKER", help="an experiment tracker, as "
+                          "transformers' report_to (tensorboard, wandb, trackio, mlflow, ..., all); repeat for "
+                          "several; none by default")
     rm_train.set_defaults(func=_reward_model_train)
     rm_eval = rm_sub.add_parser("evaluate", help="score a trained model again on its own split: accuracy and ECE "
                                 "overall, per category and per preference set, into <path>/evaluation.json")

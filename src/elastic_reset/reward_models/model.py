@@ -150,6 +150,9 @@ class RewardModelConfig:
     than fp32 for SmolLM2 + LoRA (see BENCHMARKS.md)."""
     save_steps: int = 100
     """The Trainer writes a checkpoint every this many steps (``--resume`` starts from the newest)."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers, as transformers' ``report_to`` (``tensorboard``, ``wandb``, ``trackio``, ``mlflow``, ...,
+    or ``all`` installed); none by default. TensorBoard's event files end up in the model's folder, under ``runs/``."""
 
     def validate(self) -> None:
         if self.backbone not in BACKBONES and not (Path(self.backbone) / "config.json").is_file():
@@ -167,6 +170,12 @@ class RewardModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
                 raise ConfigError(f"{name}: expected an integer from 0 to {2**32 - 1}, got {value!r}")
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+        known = ["all", "none", *INTEGRATION_TO_CALLBACK]
+        for name in self.report_to:
+            if name not in known:
+                raise ConfigError(f"report_to: expected tracker names from {', '.join(known)}, got {name!r}")
         for name in ("batch_size", "max_tokens", "lora_r", "save_steps"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ConfigError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")

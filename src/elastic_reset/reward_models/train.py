@@ -137,13 +137,18 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         output_dir=str(checkpoints), per_device_train_batch_size=config.batch_size, num_train_epochs=config.epochs,
         learning_rate=config.lr or DEFAULT_LR.get(config.backbone, 3e-5), weight_decay=0.0, warmup_steps=0.05,
         lr_scheduler_type="linear", logging_steps=10, save_strategy="steps", save_steps=config.save_steps,
-        save_total_limit=2, report_to=[], remove_unused_columns=False, bf16=config.bf16,
+        save_total_limit=2, report_to=config.report_to or "none", remove_unused_columns=False, bf16=config.bf16,
         train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         disable_tqdm=not progress, seed=config.seed, data_seed=config.seed, use_cpu=resolve_device().type != "cuda")
-    trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
-                              train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
-                                                         share_prompt=model.shares_prompt),
-                              data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
+    try:
+        trainer = PairwiseTrainer(model=model, args=args, margin=config.margin,
+                                  train_dataset=encode_pairs(parts["train"], tokenizer, config.max_tokens,
+                                                             share_prompt=model.shares_prompt),
+                                  data_collator=PairCollator(tokenizer.pad_token_id), callbacks=callbacks)
+    except RuntimeError as err:  # a tracker's callback whose package is not installed: transformers' one line
+        if not config.report_to or "install" not in str(err):
+            raise
+        raise ConfigError(f"report_to: {err}") from None
     start = last_complete_checkpoint(checkpoints, log) if resume and checkpoints.is_dir() else None
     clock = TrainingClock(start)
     trainer.add_callback(clock)
@@ -158,6 +163,8 @@ def train_reward_model(config: RewardModelConfig, out: str | Path, *, resume: bo
         torch.save(trained_state(model), tmp / WEIGHTS)
         settings = {"config": asdict(config), "metrics": metrics}
         (tmp / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+        if (checkpoints / "runs").is_dir():  # TensorBoard's event files (transformers writes them there)
+            shutil.copytree(checkpoints / "runs", tmp / "runs")
 
     save_folder_atomically(out, write)
     shutil.rmtree(checkpoints, ignore_errors=True)
