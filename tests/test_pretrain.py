@@ -96,3 +96,71 @@ def test_the_classifier_trains_on_the_trainer_and_its_loss_falls(tmp_path):
     right = sum((p >= 0.5) == bool(y) for p, y in zip(scores, labels[:32]))
     assert abs(right - 32 * metrics["test_accuracy"]) <= 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+# ------------------------------------------------------------------ build imdb-smollm2 (tiny-llama stands in)
+SMALL_ADAPT = dict(base="tiny-llama", context=32, batch_size=4, save_steps=10)
+
+
+# A random tiny model learns the byte distribution mostly through its embeddings, which LoRA leaves alone.
+@pytest.mark.parametrize("lora_r, lr, ratio", [(None, 3e-3, 0.5), (4, 3e-2, 0.8)])
+def test_adapting_lowers_held_out_perplexity_and_writes_a_plain_model(tmp_path, lora_r, lr, ratio):
+    from transformers import AutoModelForCausalLM
+
+    from elastic_reset.pretrain.imdb_smollm2 import AdaptConfig, adapt_smollm2
+
+    torch.set_num_threads(1)
+    config = AdaptConfig(steps=40, lora_r=lora_r, lr=lr, **SMALL_ADAPT)
+    metrics = adapt_smollm2(PRETRAIN_TEXTS * 4, REFERENCE_TEXTS, tmp_path / "policy", config, log=lambda _: None)
+    assert metrics["held_out_perplexity"] < ratio * metrics["held_out_perplexity_before"]
+    assert not (tmp_path / "policy.checkpoints").exists()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")  # LoRA merged: a plain model, no adapter
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    stored = json.loads((tmp_path / "policy" / "pretrain_metrics.json").read_text())
+    assert stored["config"]["lora_r"] == lora_r and stored["held_out_perplexity"] == metrics["held_out_perplexity"]
+
+
+def test_an_interrupted_adaptation_resumes_to_the_same_model(tmp_path, monkeypatch):
+    from transformers import Trainer, TrainerCallback
+
+    from elastic_reset.pretrain.imdb_smollm2 import AdaptConfig, adapt_smollm2
+
+    torch.set_num_threads(1)
+    config = AdaptConfig(steps=30, lr=3e-3, **SMALL_ADAPT)
+    texts = PRETRAIN_TEXTS * 4
+    full = adapt_smollm2(texts, REFERENCE_TEXTS, tmp_path / "full", config, log=lambda _: None)
+
+    class Steps(TrainerCallback):  # the steps this process trains; crashes at crash_at
+        def __init__(self, crash_at=None):
+            self.crash_at, self.done = crash_at, set()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.done.add(state.global_step)
+            if state.global_step == self.crash_at:
+                raise KeyboardInterrupt
+
+    def watched(steps):  # the build makes its own Trainer: add ours beside each callback it adds
+        add = Trainer.add_callback
+        monkeypatch.setattr(Trainer, "add_callback", lambda self, cb: (add(self, cb), add(self, steps))[0])
+
+    watched(Steps(crash_at=25))
+    with pytest.raises(KeyboardInterrupt):
+        adapt_smollm2(texts, REFERENCE_TEXTS, tmp_path / "cut", config, log=lambda _: None)
+    monkeypatch.undo()
+    with pytest.raises(FileExistsError, match="--resume"):
+        adapt_smollm2(texts, REFERENCE_TEXTS, tmp_path / "cut", config, log=lambda _: None)
+    watched(steps := Steps())
+    resumed = adapt_smollm2(texts, REFERENCE_TEXTS, tmp_path / "cut", config, resume=True, log=lambda _: None)
+    assert steps.done == set(range(21, 31))  # from the checkpoint of step 20, not from the start
+    assert resumed["train_loss"][-1] == pytest.approx(full["train_loss"][-1], rel=1e-4)
+    assert resumed["held_out_perplexity"] == pytest.approx(full["held_out_perplexity"], rel=1e-4)
+
+
+def test_the_build_refuses_a_bad_setting_before_anything_loads(tmp_path):
+    from elastic_reset.errors import ConfigError
+    from elastic_reset.pretrain.imdb_smollm2 import AdaptConfig, adapt_smollm2
+
+    for bad, field in ((AdaptConfig(base="gpt2"), "base"), (AdaptConfig(lora_r=0), "lora_r"),
+                       (AdaptConfig(lr=float("nan")), "lr"), (AdaptConfig(steps=0), "steps")):
+        with pytest.raises(ConfigError, match=f"^{field}: expected"):
+            adapt_smollm2(["a review"], ["another"], tmp_path / "policy", bad, log=lambda _: None)

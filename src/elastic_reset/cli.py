@@ -12,6 +12,8 @@
     elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
     elastic-reset build imdb-policy [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
+    elastic-reset build imdb-smollm2 [--data-dir ../shared/data] [--out DIR] [--steps N] [--batch-size B]
+                  [--context T] [--lora-r R] [--lr LR] [--seed S] [--resume] [--force]
     elastic-reset build translation-agents --data-dir ../shared/data [--out DIR] [--max-epochs N]
                   [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda] [--force]
                   (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
@@ -150,6 +152,17 @@ def _build_imdb_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_imdb_smollm2(args: argparse.Namespace) -> int:
+    from elastic_reset.pretrain.imdb_smollm2 import AdaptConfig, build_imdb_smollm2
+
+    config = AdaptConfig(lora_r=args.lora_r, context=args.context, batch_size=args.batch_size, steps=args.steps,
+                         lr=args.lr, seed=args.seed)
+    out, metrics = build_imdb_smollm2(args.data_dir, args.out, config=config, resume=args.resume, force=args.force)
+    print(f"IMDB SmolLM2 policy: held-out perplexity {metrics['held_out_perplexity_before']:.2f} → "
+          f"{metrics['held_out_perplexity']:.2f} after {metrics['train_seconds']:.0f} s; written to {out}")
+    return 0
+
+
 def _build_translation_agents(args: argparse.Namespace) -> int:
     from elastic_reset.pretrain.translation import build_translation_agents
 
@@ -271,6 +284,23 @@ def _imdb_policy_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
 
 
+def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
+                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    parser.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
+                        "imdb-smollm2 reads)")
+    parser.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps (default 600)")
+    parser.add_argument("--batch-size", type=_positive_int, default=8, help="windows per step (default 8)")
+    parser.add_argument("--context", type=_positive_int, default=256, help="tokens per window (default 256)")
+    parser.add_argument("--lora-r", type=_positive_int, default=None, help="train LoRA adapters of this rank on "
+                        "every linear layer, merged at the end (default: train every weight)")
+    parser.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default 5e-5, or "
+                        "1e-3 with --lora-r)")
+    parser.add_argument("--seed", type=_seed, default=0, help="default 0")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted build from its checkpoint")
+    parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
+
+
 def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
     parser.add_argument("--out", default=None, help="where to write them (default: the cache path the "
@@ -286,13 +316,16 @@ def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace agents already at --out")
 
 
-# name -> (help, options, handler, old command, whether the old command took the task name "imdb")
+# name -> (help, options, handler, old command or None, whether the old command took the task name "imdb")
 BUILDS = {
     "imdb-classifier": ("the IMDB task's reward: all-MiniLM-L6-v2 fine-tuned as a sentiment classifier on IMDB "
                         "train reviews (transformers' Trainer), cached where the task looks for it",
                         _imdb_classifier_options, _build_imdb_classifier, "build-reward-model", True),
     "imdb-policy": ("a GPT-2 of 5M parameters pretrained on the IMDB train reviews, cached as model.name "
                     "imdb-gpt2", _imdb_policy_options, _build_imdb_policy, "build-policy", True),
+    "imdb-smollm2": ("SmolLM2-135M-Instruct adapted to the IMDB train reviews by next-token training "
+                     "(transformers' Trainer), cached as model.name imdb-smollm2", _imdb_smollm2_options,
+                     _build_imdb_smollm2, None, False),
     "translation-agents": ("the Translation Game's agents (FR→EN, EN→DE, an English LM) pretrained on half of "
                            "Multi30k train, ~40 min on 2 cores", _translation_agents_options,
                            _build_translation_agents, "build-translation", False),
@@ -308,6 +341,8 @@ def _add_build_commands(sub) -> None:
         parser = build_sub.add_parser(name, help=text)
         options(parser)
         parser.set_defaults(func=handler)
+        if old is None:
+            continue
         old_command = f"{old} imdb" if takes_task else old
         alias = sub.add_parser(old, help=f"old name of `build {name}`")
         if takes_task:

@@ -40,6 +40,7 @@ def cache_dir() -> Path:
 # Every model the project builds before RL, one folder each under cache_dir(); the commands that build them.
 IMDB_CLASSIFIER_BUILD = "elastic-reset build imdb-classifier --data-dir ../shared/data"
 IMDB_POLICY_BUILD = "elastic-reset build imdb-policy --data-dir ../shared/data"
+IMDB_SMOLLM2_BUILD = "elastic-reset build imdb-smollm2 --data-dir ../shared/data"
 TRANSLATION_BUILD = "elastic-reset build translation-agents --data-dir ../shared/data"
 
 
@@ -63,6 +64,16 @@ def imdb_policy_path(required: bool = True) -> Path:
     return path
 
 
+def imdb_smollm2_path(required: bool = True) -> Path:
+    """SmolLM2-135M-Instruct adapted to IMDB train reviews (``model.name: imdb-smollm2``), built by
+    ``elastic-reset build imdb-smollm2``; ``required``: refuse a folder that is not there, naming the command."""
+    path = cache_dir() / "imdb-smollm2"
+    if required and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.name=imdb-smollm2: no adapted policy at {path}; build it with "
+                                f"`{IMDB_SMOLLM2_BUILD}` (BENCHMARKS.md says how long it takes)")
+    return path
+
+
 def translation_agents_path(required: bool = True) -> Path:
     """The Translation Game's pretrained agents (``fr-en/``, ``en-de/``, ``en-lm/``), built by
     ``elastic-reset build translation-agents``; ``required``: refuse a folder that is not there."""
@@ -81,10 +92,13 @@ def reward_model_path(backbone: str, advantage: bool, data: list[str], seed: int
 
 
 def cached_model_path(name: str) -> Path | None:
-    """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``translation-fr-en``), or
+    """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``imdb-smollm2``,
+    ``translation-fr-en``), or
     None for any other name."""
     if name == "imdb-gpt2":
         return imdb_policy_path()
+    if name == "imdb-smollm2":
+        return imdb_smollm2_path()
     if name == "translation-fr-en":
         return translation_agents_path() / "fr-en"
     return None

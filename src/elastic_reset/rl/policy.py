@@ -60,7 +60,7 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-        # imdb-gpt2 and translation-fr-en are folders that the project's build commands wrote into the cache.
+        # imdb-gpt2, imdb-smollm2, translation-fr-en: folders that the project's build commands wrote into the cache.
         cached = models.cached_model_path(config.name)
         name = str(cached) if cached is not None else config.name
         try:
@@ -70,7 +70,7 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError) as err:  # not a folder, not reachable on the hub, not a model
             raise ConfigError(f"model.name: cannot load {config.name!r}: not one of tiny-llama, tiny-gpt2, smollm2, "
-                              f"imdb-gpt2, translation-fr-en, and from_pretrained failed "
+                              f"imdb-gpt2, imdb-smollm2, translation-fr-en, and from_pretrained failed "
                               f"({str(err).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         raise ConfigError(
