@@ -290,7 +290,7 @@ def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
                         "imdb-smollm2 reads)")
     parser.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps (default 600)")
-    parser.add_argument("--batch-size", type=_positive_int, default=8, help="windows per step (default 8)")
+    parser.add_argument("--batch-size", type=_positive_int, default=4, help="windows per step (default 4)")
     parser.add_argument("--context", type=_positive_int, default=256, help="tokens per window (default 256)")
     parser.add_argument("--lora-r", type=_positive_int, default=None, help="train LoRA adapters of this rank on "
                         "every linear layer, merged at the end (default: train every weight)")

@@ -126,10 +126,11 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
 
 
 @torch.no_grad()
-def stream_perplexity(model, ids: torch.Tensor, context: int, batch_size: int = 64) -> float:
+def stream_perplexity(model, ids: torch.Tensor, context: int, batch_size: int = 64,
+                      autocast_dtype: torch.dtype | None = None) -> float:
     """Perplexity of a token stream cut into windows of ``context`` tokens, each scored on its own."""
     windows = ids[: ids.numel() // context * context].view(-1, context)
-    nll, tokens = sequence_nll(model, None, windows, batch_size=batch_size)
+    nll, tokens = sequence_nll(model, None, windows, batch_size=batch_size, autocast_dtype=autocast_dtype)
     return math.exp(float(nll.double().sum()) / int(tokens.sum()))
 
 

@@ -39,16 +39,17 @@ class AdaptConfig:
     weight (the default: measured the better of the two for the same time, see BENCHMARKS.md)."""
     context: int = 256
     """Tokens per training window (reviews are packed, EOS between them)."""
-    batch_size: int = 8
+    batch_size: int = 4
     """Windows per optimizer step."""
     steps: int = 600
-    """Optimizer steps (600 × 8 × 256 = 1.2M tokens, about a sixth of the train reviews)."""
+    """Optimizer steps (600 × 4 × 256 = 0.6M tokens, about a tenth of the train reviews)."""
     lr: float | None = None
     """Peak AdamW learning rate (linear decay after a 5 % warm-up); None: 5e-5 for all weights, 1e-3 for LoRA."""
     seed: int = 0
     """Seeds the window order (and LoRA's initial weights)."""
-    held_out_reviews: int = 500
-    """Test reviews the perplexity is measured on, before and after (from :func:`policy_texts`' held-out part)."""
+    held_out_reviews: int = 200
+    """Test reviews the perplexity is measured on, before and after (from :func:`policy_texts`' held-out part),
+    at the training's precision (bf16 autocast where the CPU or GPU has it)."""
     save_steps: int = 50
     """A checkpoint every this many steps (``--resume`` continues from the newest)."""
 
@@ -95,11 +96,13 @@ def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config
     checkpoints = out.parent / f"{out.name}.checkpoints"
     if checkpoints.exists() and not resume:
         raise FileExistsError(f"{checkpoints}: an unfinished build is there; continue it with --resume")
+    device = resolve_device()
+    precision = torch.bfloat16 if native_bf16(device) else None
     torch.manual_seed(config.seed)
     model, tokenizer = load_smollm2() if config.base == "smollm2" else (tiny_causal_lm(), byte_tokenizer())
     stream = token_stream(tokenizer, train)
     held = token_stream(tokenizer, held_out[: config.held_out_reviews])
-    before = stream_perplexity(model.eval(), held, config.context, batch_size=8)
+    before = stream_perplexity(model.to(device).eval(), held, config.context, batch_size=8, autocast_dtype=precision)
     log(f"build imdb-smollm2: {stream.numel():,} training tokens; held-out perplexity before {before:.2f} on "
         f"{held.numel():,} tokens of {min(len(held_out), config.held_out_reviews)} test reviews")
     if config.lora_r is not None:
@@ -109,12 +112,11 @@ def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config
 
         model = add_lora(model, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, lora_dropout=0.0,
                                            target_modules="all-linear"))
-    device = resolve_device()
     args = TrainingArguments(
         output_dir=str(checkpoints), per_device_train_batch_size=config.batch_size, max_steps=config.steps,
         learning_rate=config.learning_rate(), weight_decay=0.0, warmup_steps=max(1, config.steps // 20),
         lr_scheduler_type="linear", max_grad_norm=1.0, logging_steps=10, save_strategy="steps",
-        save_steps=config.save_steps, save_total_limit=2, report_to="none", bf16=native_bf16(device),
+        save_steps=config.save_steps, save_total_limit=2, report_to="none", bf16=precision is not None,
         seed=config.seed, data_seed=config.seed, disable_tqdm=True, use_cpu=device.type != "cuda")
     trainer = Trainer(model=model, args=args, train_dataset=_Windows(stream, config.context))
     start = last_complete_checkpoint(checkpoints, log, "build imdb-smollm2") if resume else None
@@ -124,13 +126,13 @@ def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config
     model = trainer.model
     if config.lora_r is not None:
         model = model.merge_and_unload()
-    model = model.to("cpu").eval()
-    after = stream_perplexity(model, held, config.context, batch_size=8)
+    after = stream_perplexity(model.eval(), held, config.context, batch_size=8, autocast_dtype=precision)
+    model = model.to("cpu")
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     metrics = {"held_out_perplexity_before": before, "held_out_perplexity": after,
                "held_out_tokens": int(held.numel()), "train_tokens": int(stream.numel()),
                "train_tokens_seen": config.steps * config.batch_size * config.context,
-               "train_seconds": clock.seconds(), "train_loss": losses, "bf16_autocast": bool(args.bf16),
+               "train_seconds": clock.seconds(), "train_loss": losses, "bf16_autocast": precision is not None,
                "device": str(device), "threads": torch.get_num_threads(), "config": asdict(config)}
     log(f"build imdb-smollm2: held-out perplexity {before:.2f} → {after:.2f} after {config.steps} steps "
         f"({clock.seconds():.0f} s)")
