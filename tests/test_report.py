@@ -20,7 +20,7 @@ import yaml
 
 from elastic_reset.cli import main
 from elastic_reset.errors import ReportError
-from elastic_reset.evaluation.figures import plot_curves, plot_pareto
+from elastic_reset.evaluation.figures import drift_scale, plot_curves, plot_pareto
 from elastic_reset.evaluation.runs import group_runs, load_run
 from elastic_reset.evaluation.summary import dominance_summary, format_dominance, format_table, summarize
 from elastic_reset.rl.config import ConfigError
@@ -169,6 +169,13 @@ def test_summary_dominance_and_figures_of_known_runs(fake_runs, tmp_path):
         plot_pareto(groups, tmp_path / "x.png", drift="kl_init")
 
 
+def test_the_drift_axis_is_logarithmic_only_when_it_spans_a_decade():
+    assert drift_scale([30.0, 45.0, 290.0]) == "linear"
+    assert drift_scale([30.0, 45.0, 300.0, float("nan")]) == "log"
+    assert drift_scale([0.0, 30.0, 900.0]) == "linear"        # a KL of 0 has no place on a log axis
+    assert drift_scale([]) == "linear"
+
+
 # ---------------------------------------------------------------------------------------- one real grid
 def compare_argv(grid: Path) -> list[str]:
     sets = [item for s in TINY_SETS for item in ("--set", s)]
@@ -299,6 +306,43 @@ def test_compare_refuses_a_finished_cell_trained_from_another_config(grid, capsy
     argv[argv.index("elastic_reset:kl.coef=0.001")] = "elastic_reset:kl.coef=0.002"
     assert main(argv) == 2
     assert "kl: differs from the run in" in capsys.readouterr().err
+
+
+def eval_records(run_dir: Path) -> list[tuple]:
+    return [(r["step"], r["eval/reward"], r["eval/perplexity"]) for r in map(json.loads, (run_dir / "metrics.jsonl")
+            .read_text().splitlines()) if "eval/reward" in r]
+
+
+def test_compare_jobs_trains_cells_side_by_side_to_the_same_records(grid, tmp_path):
+    other = tmp_path / "jobs"
+    argv = compare_argv(other)
+    argv[argv.index("--seeds") + 1] = "1"
+    assert main([*argv, "--jobs", "2"]) == 0
+    for method in ("kl", "elastic_reset"):
+        run_dir = other / method / "seed0"
+        assert (run_dir / "done").is_file() and "run written to" in (run_dir / "train.log").read_text()
+        # One thread per cell, as in the serial grid (threads=1): the very same numbers.
+        assert eval_records(run_dir) == eval_records(grid / method / "seed0")
+    summary = json.loads((other / "summary.json").read_text())
+    assert sorted(r["action"] for r in summary["runs"]) == ["trained", "trained"]
+    assert "--jobs 2" in summary["command"]
+
+
+def test_compare_jobs_finishes_the_other_cells_when_one_fails(tmp_path, capsys):
+    from elastic_reset.io import DirectoryLock
+
+    grid = tmp_path / "jobs"
+    argv = compare_argv(grid)
+    argv[argv.index("--seeds") + 1] = "1"
+    (grid / "kl" / "seed0").mkdir(parents=True)
+    with DirectoryLock(grid / "kl" / "seed0"):  # the kl cell's child finds its run directory held by this process
+        assert main([*argv, "--jobs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 2 cells failed: kl seed 0 failed (exit code 2)" in err and "train.log" in err
+    assert "in use by another run" in (grid / "kl" / "seed0" / "train.log").read_text()
+    assert (grid / "elastic_reset" / "seed0" / "done").is_file() and not (grid / "kl" / "seed0" / "done").exists()
+    assert main([*argv, "--jobs", "0"]) == 2
+    assert "--jobs: expected >= 1, got 0" in capsys.readouterr().err
 
 
 def test_compare_resumes_where_it_stopped(grid, monkeypatch):

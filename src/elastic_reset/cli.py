@@ -58,12 +58,13 @@ def _compare(args: argparse.Namespace) -> int:
                "--seeds", str(args.seeds)]
     for flag, value in (("--drift", args.drift), ("--score", args.score)):
         command += [flag, value] if value is not None else []
+    command += ["--jobs", str(args.jobs)] if args.jobs != 1 else []
     for item in args.set or []:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
     summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
-                       drift=args.drift, command=command, score=args.score)
+                       drift=args.drift, command=command, score=args.score, jobs=args.jobs)
     if summary is None:
         return 0  # a data-parallel rank other than 0: rank 0 reports
     print(format_dominance(summary["dominance"]))
@@ -155,7 +156,7 @@ def _build_imdb_policy(args: argparse.Namespace) -> int:
 def _build_imdb_smollm2(args: argparse.Namespace) -> int:
     from elastic_reset.pretrain.imdb_smollm2 import AdaptConfig, build_imdb_smollm2
 
-    config = AdaptConfig(lora_r=args.lora_r, context=args.context, batch_size=args.batch_size, steps=args.steps,
+    config = AdaptConfig(lora_r=args.lora_r or None, context=args.context, batch_size=args.batch_size, steps=args.steps,
                          lr=args.lr, seed=args.seed)
     out, metrics = build_imdb_smollm2(args.data_dir, args.out, config=config, resume=args.resume, force=args.force)
     print(f"IMDB SmolLM2 policy: held-out perplexity {metrics['held_out_perplexity_before']:.2f} → "
@@ -243,6 +244,7 @@ def _number(convert, ok, expected: str):
 
 
 _positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 _seed = _number(int, lambda v: 0 <= v < 2**32, f"an integer from 0 to {2**32 - 1}")  # numpy's range (transformers)
 
@@ -292,10 +294,10 @@ def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps (default 600)")
     parser.add_argument("--batch-size", type=_positive_int, default=4, help="windows per step (default 4)")
     parser.add_argument("--context", type=_positive_int, default=256, help="tokens per window (default 256)")
-    parser.add_argument("--lora-r", type=_positive_int, default=None, help="train LoRA adapters of this rank on "
-                        "every linear layer, merged at the end (default: train every weight)")
-    parser.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default 5e-5, or "
-                        "1e-3 with --lora-r)")
+    parser.add_argument("--lora-r", type=_non_negative_int, default=16, help="train LoRA adapters of this rank on "
+                        "every linear layer, merged at the end (default 16); 0: train every weight")
+    parser.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default 1e-3 with "
+                        "LoRA, 5e-5 for every weight)")
     parser.add_argument("--seed", type=_seed, default=0, help="default 0")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted build from its checkpoint")
     parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
@@ -374,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "kl,elastic_reset; LABEL=METHOD adds a named variant (er_paper=elastic_reset), "
                          "configured with --method-set LABEL:KEY=VALUE")
     compare.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
+    compare.add_argument("--jobs", type=int, default=1, help="cells trained at once, each in its own process "
+                         "with the CPU cores shared out and its output in <run>/train.log (default 1: one after "
+                         "the other, in this process); a GPU is shared by all")
     compare.add_argument("--set", action="append", metavar="KEY=VALUE",
                          help="override a config value for every run (repeatable)")
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",

@@ -17,6 +17,9 @@ and only ``steps``, to change on resume). At the end, and at every re-run, the r
 ``summary.json`` (final evaluation mean ± SE per method, frontiers, dominance, the command), ``pareto.png`` and
 ``pareto_curves.png``.
 
+``--jobs N`` trains N cells at once, each an ``elastic-reset train`` child process with the CPU cores shared out
+(its output in ``<run>/train.log``); the cells, their markers and the report are the same as one after the other.
+
 This module drives the RL engine from the outside; the engine and the algorithm core never import it.
 """
 
@@ -28,13 +31,17 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from elastic_reset.evaluation.figures import report
 from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run, score_label
+from elastic_reset.errors import GridError
 from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.rl.checkpoint import latest_step
@@ -203,6 +210,37 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     return "resumed" if resume else "trained"
 
 
+def cpu_count() -> int:
+    """The cores this process may use (a container's limit, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def train_cell_process(cell: Cell, config_path: str | Path, threads: int, log: Callable[[str], None] = print) -> str:
+    """:func:`train_cell` in a child process (``elastic-reset train``), its output appended to ``<run>/train.log``;
+    ``threads``: its torch threads when the config leaves them to torch (``OMP_NUM_THREADS``). Raises
+    :class:`GridError` naming the log when the child fails."""
+    status = cell_status(cell)
+    write_label(cell)
+    if status == "done":
+        if not (cell.run_dir / DONE).is_file():
+            _write_done(cell)
+        return "skipped"
+    resume = status == "partial"
+    argv = [sys.executable, "-m", "elastic_reset.cli", "train", str(config_path), "--out", str(cell.run_dir)]
+    for item in [*cell.overrides, "progress=false"]:  # progress is a resumable setting: the cell stays the same
+        argv += ["--set", item]
+    argv += ["--resume"] if resume else []
+    log(f"compare: {cell.method} seed {cell.seed}: " + ("resuming" if resume else "training")
+        + f" in a child process (log: {cell.run_dir / 'train.log'})")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with open(cell.run_dir / "train.log", "a") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0:
+        raise GridError(f"{cell.method} seed {cell.seed} failed (exit code {code}); see {cell.run_dir / 'train.log'}")
+    _write_done(cell)
+    return "resumed" if resume else "trained"
+
+
 def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None,
                 extra: dict[str, Any] | None = None, score: str | None = None) -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary. ``drift``
@@ -223,12 +261,19 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None
 def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str | None = None, command: list[str] | None = None,
-             log: Callable[[str], None] = print, score: str | None = None) -> dict[str, Any] | None:
-    """Train every cell that is not finished, one after the other, then write the report (see module docs).
+             log: Callable[[str], None] = print, score: str | None = None, jobs: int = 1) -> dict[str, Any] | None:
+    """Train every cell that is not finished, then write the report (see module docs).
 
-    ``command`` is the command line recorded in summary.json (argv list). Under ``accelerate launch`` every
-    process trains each cell as one rank of it, and rank 0 alone writes the report (the others return None).
+    ``jobs`` = 1: one cell after the other, in this process. ``jobs`` > 1: that many cells at once, each in its own
+    process (:func:`train_cell_process`) with the cores shared out (a GPU is shared by all); a failed cell stops
+    nothing else, and the grid then raises :class:`GridError` naming every failed cell. ``command`` is the command
+    line recorded in summary.json (argv list). Under ``accelerate launch`` every process trains each cell as one
+    rank of it, and rank 0 alone writes the report (the others return None).
     """
+    if jobs < 1:
+        raise ConfigError(f"--jobs: expected >= 1, got {jobs}")
+    if jobs > 1 and not is_main_process():
+        raise ConfigError("--jobs: runs cells side by side in one process; under accelerate launch use --jobs 1")
     if not is_main_process():
         log = lambda message: None  # noqa: E731  one progress log, rank 0's
     if drift is not None:  # an unknown drift or score fails before hours of training, not after
@@ -240,17 +285,31 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     out_dir.mkdir(parents=True, exist_ok=True)
     # One grid process at a time (each cell's run directory is locked by its trainer too); rank 0 holds it.
     with DirectoryLock(out_dir, "compare grid") if is_main_process() else contextlib.nullcontext():
-        actions = []
-        for i, cell in enumerate(cells, 1):
+        for cell in cells:  # a cell trained from another config is refused now, before any other cell trains
+            cell_status(cell)
+        threads = max(1, cpu_count() // jobs)
+
+        def one(i: int, cell: Cell) -> dict[str, Any]:
             start = time.perf_counter()
-            action = train_cell(cell, log)
+            action = train_cell(cell, log) if jobs == 1 else train_cell_process(cell, config_path, threads, log)
             wall = round(time.perf_counter() - start, 1)
             if action == "skipped":
                 log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
             else:
                 log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: {action} in {wall:.0f} s")
-            actions.append({"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
-                            "action": action, "wall_s": wall, "overrides": cell.overrides})
+            return {"method": cell.method, "seed": cell.seed, "dir": os.path.relpath(cell.run_dir, out_dir),
+                    "action": action, "wall_s": wall, "overrides": cell.overrides}
+
+        if jobs == 1:
+            actions = [one(i, cell) for i, cell in enumerate(cells, 1)]
+        else:
+            with ThreadPoolExecutor(jobs) as pool:
+                futures = [pool.submit(one, i, cell) for i, cell in enumerate(cells, 1)]
+            failed = [str(f.exception()) for f in futures if f.exception() is not None]
+            if failed:
+                raise GridError(f"{len(failed)} of {len(cells)} cells failed: " + "; ".join(failed)
+                                + "; run the same command again to continue the grid")
+            actions = [f.result() for f in futures]
         extra = {
             "command": shlex.join(command) if command else None,
             "argv": list(command) if command else None,

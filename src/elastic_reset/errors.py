@@ -34,5 +34,9 @@ class DataFileError(ElasticResetError, ValueError):
     """An input data file is missing fields or malformed. The message names the file and line."""
 
 
+class GridError(ElasticResetError, RuntimeError):
+    """Cells of a ``compare --jobs`` grid failed. The message names each cell and its log."""
+
+
 class DirectoryInUseError(ElasticResetError, RuntimeError):
     """Another live process holds the lock of a run or grid directory. The message names it and its PID."""

@@ -48,6 +48,15 @@ def _save(fig, out_png: str | Path) -> Path:
     return out_png
 
 
+def drift_scale(values) -> str:
+    """``log`` when positive drift values span a decade or more (perplexity from 30 to 900 would squash the
+    fluent end of the axis into a line), else ``linear``."""
+    values = np.asarray([v for v in np.ravel(values) if np.isfinite(v)], dtype=float)
+    if values.size == 0 or values.min() <= 0:
+        return "linear"
+    return "log" if values.max() / values.min() >= 10 else "linear"
+
+
 def plot_pareto(groups: dict[str, list[Run]], out_png: str | Path, drift: str | None = None) -> Path:
     """The Pareto frontier graph (paper §5): per method, the best drift reached at each validation reward level,
     mean ± SE over seeds. Better is right (reward) and up (drift; the axis is inverted for lower-is-better
@@ -80,6 +89,7 @@ def plot_pareto(groups: dict[str, list[Run]], out_png: str | Path, drift: str | 
         # Each seed's frontier is a step function of the level (constant on (level_i, level_i+1]); drawn as such.
         ax.step(f.levels, f.mean, where="pre", color=color, label=label)
         ax.fill_between(f.levels, f.mean - f.se, f.mean + f.se, step="pre", color=color, alpha=0.2, linewidth=0)
+    ax.set_yscale(drift_scale([d for runs in groups.values() for run in runs for d in run.drifts]))
     if metric.lower_is_better:
         ax.invert_yaxis()
     orientation = "lower is better, axis inverted: up is better" if metric.lower_is_better else "up is better"
@@ -120,6 +130,7 @@ def plot_curves(groups: dict[str, list[Run]], out_png: str | Path) -> Path:
     ax_drift.set_title(f"{metric.label} (eval/{metric.key})\n"
                        f"{'lower' if metric.lower_is_better else 'higher'} is better", fontsize=10)
     ax_drift.set_ylabel(metric.key)
+    ax_drift.set_yscale(drift_scale([d for runs in groups.values() for run in runs for d in run.drifts]))
     for ax in (ax_reward, ax_drift):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training iteration (dotted: resets)")
