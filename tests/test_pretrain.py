@@ -118,6 +118,9 @@ def test_adapting_lowers_held_out_perplexity_and_writes_a_plain_model(tmp_path, 
     assert not any("lora" in name for name, _ in model.named_parameters())
     stored = json.loads((tmp_path / "policy" / "pretrain_metrics.json").read_text())
     assert stored["config"]["lora_r"] == lora_r and stored["held_out_perplexity"] == metrics["held_out_perplexity"]
+    # What the policy writes, before and after, on the same random numbers: the first held-out reviews continued.
+    assert [s["prompt"] for s in stored["samples"]] == [REFERENCE_TEXTS[i][:32] for i in range(3)]
+    assert all(s["after"] and s["before"] != s["after"] for s in stored["samples"])
 
 
 def test_an_interrupted_adaptation_resumes_to_the_same_model(tmp_path, monkeypatch):
@@ -164,3 +167,16 @@ def test_the_build_refuses_a_bad_setting_before_anything_loads(tmp_path):
                        (AdaptConfig(lr=float("nan")), "lr"), (AdaptConfig(steps=0), "steps")):
         with pytest.raises(ConfigError, match=f"^{field}: expected"):
             adapt_smollm2(["a review"], ["another"], tmp_path / "policy", bad, log=lambda _: None)
+
+
+def test_the_build_command_trains_lora_16_by_default_and_every_weight_with_lora_r_0(monkeypatch, tmp_path):
+    from elastic_reset.cli import main
+    from elastic_reset.pretrain import imdb_smollm2
+
+    seen = []
+    monkeypatch.setattr(imdb_smollm2, "build_imdb_smollm2", lambda data_dir, out, config, **kw: seen.append(config)
+                        or (tmp_path, {"held_out_perplexity_before": 2.0, "held_out_perplexity": 1.0,
+                                       "train_seconds": 0.0}))
+    assert main(["build", "imdb-smollm2", "--out", str(tmp_path)]) == 0
+    assert main(["build", "imdb-smollm2", "--out", str(tmp_path), "--lora-r", "0"]) == 0
+    assert [c.lora_r for c in seen] == [16, None] and [c.learning_rate() for c in seen] == [1e-3, 5e-5]

