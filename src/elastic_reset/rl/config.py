@@ -243,6 +243,28 @@ class EvalConfig(Section):
     settings: BLEU is measured on greedy translations (the Translation Game)."""
 
 
+@dataclass
+class RehearsalConfig(Section):
+    """Selective Rehearsal (paper 2 §3.2; ``rl/rehearsal.py``): with any method that updates the policy (method
+    ``selective_rehearsal`` is PPO + KL with it, at these defaults when the section is absent)."""
+
+    coef: NonNegativeFloat = 0.01
+    """γ, the weight of the rehearsal set's summed response NLL in each optimizer step's loss (eq. 9: 0.01)."""
+    prompts: PositiveInt = 256
+    """Training prompts the initial policy answers once, before RL: the candidates (the paper's D_PPO)."""
+    clusters: PositiveInt = 8
+    """k-means clusters of the candidates' prompt embeddings (the paper's c)."""
+    top_k: PositiveInt = 4
+    """Candidates kept per cluster, highest reward first (the paper's top-k by the advantage model's score)."""
+    batch: PositiveInt = 4
+    """Rehearsal examples per optimizer step."""
+    exclude: bool = True
+    """Reserve the selected prompts for rehearsal: they leave RL training (the paper's data selection)."""
+    embedder: str = "minilm"
+    """The prompt encoder: ``minilm`` (all-MiniLM-L6-v2, shipped; the paper used SimCSE) or a Hugging Face
+    folder of a sentence encoder (mean-pooled)."""
+
+
 MAX_SEED = 2**63 - 1
 """The largest ``seed``: torch's generators take seeds below 2**64 and the trainer seeds them with ``seed`` plus
 1_000_033 × its data-parallel rank, so a signed 64-bit seed leaves room for any number of ranks."""
@@ -266,6 +288,9 @@ class TrainConfig(Section):
     """The KL penalty."""
     method: MethodConfig = field(default_factory=KLPenaltyConfig)
     """The drift-control method."""
+    rehearsal: RehearsalConfig | None = None
+    """Selective Rehearsal on top of the method (e.g. ``elastic_reset`` + rehearsal); None: none, except for method
+    ``selective_rehearsal``, which uses this section's defaults."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation during training."""
     checkpoint_every: NonNegativeInt = 10
@@ -286,6 +311,13 @@ class TrainConfig(Section):
     """Show a progress bar."""
     threads: PositiveInt | None = None
     """torch CPU threads (None: torch's default)."""
+
+    def rehearsal_settings(self) -> RehearsalConfig | None:
+        """The Selective Rehearsal this run does: the ``rehearsal`` section, or its defaults for method
+        ``selective_rehearsal``; None for none."""
+        if self.rehearsal is None and self.method.name == "selective_rehearsal":
+            return RehearsalConfig()
+        return self.rehearsal
 
     def trackers(self) -> list[str]:
         """The trackers to open: ``report_to`` with ``tensorboard: true`` folded in (``all`` stays ``all``)."""
@@ -313,6 +345,13 @@ def _check_rules(config: TrainConfig) -> None:
     keep_ema = [name for name, cls in METHOD_CLASSES.items() if cls.keeps_ema]
     need(config.kl.reference != "ema" or METHOD_CLASSES[config.method.name].keeps_ema, "kl.reference",
          f"'ema' needs a method that keeps an EMA ({', '.join(keep_ema)}), not {config.method.name!r}")
+    rehearsal = config.rehearsal_settings()
+    if rehearsal is not None:
+        need(METHOD_CLASSES[config.method.name].updates_policy, "rehearsal",
+             f"method {config.method.name!r} never updates the policy: there is nothing to rehearse into")
+        need(rehearsal.clusters * rehearsal.top_k <= rehearsal.prompts, "rehearsal.top_k",
+             f"{rehearsal.clusters} clusters x {rehearsal.top_k} exceed the {rehearsal.prompts} candidates "
+             "(rehearsal.prompts)")
     need("none" not in config.report_to or len(set(config.report_to)) == 1, "report_to",
          f"'none' cannot be combined with trackers, got {_short(config.report_to)}")
     for name in config.trackers():

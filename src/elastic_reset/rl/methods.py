@@ -283,6 +283,20 @@ class Multitask(KLPenalty):
 
 
 @dataclass
+class SelectiveRehearsalConfig(Section):
+    name: Literal["selective_rehearsal"] = "selective_rehearsal"
+    """PPO + KL with Selective Rehearsal (paper 2 §3.2): the run config's ``rehearsal`` section (its defaults when
+    absent); any other method takes that section too (Elastic Reset + rehearsal)."""
+
+
+class SelectiveRehearsal(KLPenalty):
+    """The KL penalty plus Selective Rehearsal, which the trainer runs from the ``rehearsal`` section
+    (``rl/rehearsal.py``): a name for the paper's PPO-SR in grids and figures."""
+
+    Config = SelectiveRehearsalConfig
+
+
+@dataclass
 class FrozenConfig(Section):
     name: Literal["frozen"] = "frozen"
     """The policy never updates, while a learning reward still learns from its samples (paper §4)."""
@@ -297,7 +311,7 @@ class Frozen(DriftMethod):
     updates_policy = False
 
 
-_CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, NLPO, Multitask, Frozen]
+_CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, NLPO, Multitask, SelectiveRehearsal, Frozen]
 """Every method; a new one is one more entry."""
 
 METHOD_CLASSES: dict[str, type[DriftMethod]] = {

@@ -38,6 +38,8 @@ from elastic_reset.rl.policy import (
     load_model_and_tokenizer,
     trainable_named_parameters,
 )
+from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
+from elastic_reset.rl.rehearsal import Rehearsal, embed, select_representatives
 from elastic_reset.rl.reward import CheckedReward
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
@@ -77,6 +79,8 @@ class RLTrainer:
                 if found is not None:
                     self.load_state_dict(found[1])
             self.run.write_config(self.task.name, self.task.score_key, self.task.drift_key)
+            if self.rehearsal is not None and self.dp.is_main:
+                self.rehearsal.save(self.out_dir / REHEARSAL_FILE)
         except BaseException:
             self.close()
             self.run.abandon()
@@ -121,6 +125,13 @@ class RLTrainer:
         self.method = build_method(config.method)
         self.method.setup(PolicyHandle(self.model, self.optimizer, list(self.task.pretrain_texts), self.policy.nll))
         self.evaluator = Evaluator(self.policy, self.task, config, self.reference, self.reward, self.run)
+        self.rehearsal = self._set_up_rehearsal()  # from the initial weights, which the model still holds here
+        reserved = self.rehearsal.prompts if self.rehearsal is not None and config.rehearsal_settings().exclude \
+            else set()
+        self.train_prompts = [p for p in self.task.train_prompts if p not in reserved]
+        if len(self.train_prompts) < config.algo.prompts_per_step:
+            raise ConfigError(f"rehearsal.exclude: the {len(reserved)} prompts reserved for rehearsal leave "
+                              f"{len(self.train_prompts)} training prompts, fewer than algo.prompts_per_step")
         # Before any resume: the model still holds the initial weights here. Rank 0 alone evaluates.
         if self.dp.is_main:
             self.evaluator.load_reference_texts()
@@ -209,7 +220,7 @@ class RLTrainer:
     # ------------------------------------------------------------------------------------------------- data
     def _next_prompts(self) -> list[str]:
         """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle (resumable from two integers)."""
-        prompts = self.task.train_prompts
+        prompts = self.train_prompts
         out = []
         while len(out) < self.config.algo.prompts_per_step:
             order = list(range(len(prompts)))
@@ -219,6 +230,46 @@ class RLTrainer:
             if self.data_index == len(prompts):
                 self.data_epoch, self.data_index = self.data_epoch + 1, 0
         return out
+
+    # ---------------------------------------------------------------------------------- Selective Rehearsal
+    def _set_up_rehearsal(self) -> Rehearsal | None:
+        """Selective Rehearsal's set (``rl/rehearsal.py``): read back from the run directory when it is there (a
+        resumed run), else selected from the initial policy's answers to ``rehearsal.prompts`` training prompts."""
+        c = self.config.rehearsal_settings()
+        if c is None:
+            return None
+        if self.dp.enabled or self.model.config.is_encoder_decoder:
+            raise ConfigError("rehearsal: Selective Rehearsal runs in one process, on a decoder-only policy")
+        path = self.out_dir / REHEARSAL_FILE
+        examples = Rehearsal.read(path) if path.is_file() else self._select_rehearsal(c)
+        return Rehearsal(examples, c.coef, c.batch, seed=self.config.seed)
+
+    def _select_rehearsal(self, c) -> list[dict[str, Any]]:
+        from elastic_reset.models import minilm_path
+
+        if c.prompts > len(self.task.train_prompts):
+            raise ConfigError(f"rehearsal.prompts: {c.prompts} exceeds the task's {len(self.task.train_prompts)} "
+                              "training prompts")
+        prompts = random.Random(self.config.seed).sample(self.task.train_prompts, c.prompts)
+        # Its own random stream: the RL samples stay those of the same run without rehearsal.
+        generator = torch.Generator(self.device).manual_seed(self.config.seed + 2_000_029)
+        rows = []
+        for start in range(0, len(prompts), 32):
+            chunk = prompts[start:start + 32]
+            rollout = self.policy.sample(chunk, generator)
+            completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
+            scores, keep = self.reward(chunk, completions)
+            for i in keep.nonzero().flatten().tolist():
+                rows.append({"prompt": chunk[i], "response": completions[i],
+                             "query_ids": rollout.query_ids[i][rollout.query_mask[i].bool()].tolist(),
+                             "response_ids": rollout.response_ids[i][rollout.response_mask[i].bool()].tolist(),
+                             "score": float(scores[i])})
+        if not rows:
+            raise RewardError("rehearsal: every candidate's reward was invalid; nothing to rehearse")
+        embeddings = embed([r["prompt"] for r in rows], minilm_path() if c.embedder == "minilm" else c.embedder)
+        chosen = select_representatives(embeddings, [r["score"] for r in rows], c.clusters, c.top_k,
+                                        self.config.seed)
+        return [{**rows[i], "cluster": cluster} for i, cluster in chosen]
 
     # ------------------------------------------------------------------------------------- the KL reference
     def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
@@ -357,6 +408,11 @@ class RLTrainer:
         if extra is not None:
             loss = loss + extra[0]
             stats.update(extra[1])
+        if self.rehearsal is not None:  # Selective Rehearsal (paper 2, eq. 9)
+            term, rehearsal_stats = self.rehearsal.loss(lambda batch: self.policy.score(batch, masked=False).logprobs,
+                                                        self.tokenizer.pad_token_id, self.device)
+            loss = loss + term
+            stats.update(rehearsal_stats)
         self.optimizer.zero_grad(set_to_none=True)
         self._check_finite("loss", loss)
         loss.backward()
@@ -401,6 +457,7 @@ class RLTrainer:
             "kl_ctl": self.kl_ctl.state_dict(),
             **self.estimator.state_dict(),
             "method": self.method.state_dict(),
+            "rehearsal": self.rehearsal.state_dict() if self.rehearsal is not None else None,
             "reward_model": self.learned_reward.state_dict() if self.learned_reward is not None else None,
             "generator": self.generator.get_state(),
             "generator_device": self.device.type,
@@ -426,6 +483,8 @@ class RLTrainer:
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.estimator.load_state_dict(state)
         self.method.load_state_dict(state["method"])
+        if self.rehearsal is not None:
+            self.rehearsal.load_state_dict(state["rehearsal"])
         if self.learned_reward is not None:
             if state.get("reward_model") is None:
                 raise ValueError("checkpoint: it holds no state of the task's learning reward")
