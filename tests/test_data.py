@@ -91,7 +91,14 @@ def test_the_classifier_and_the_policy_read_their_own_parts(tmp_path):
     # The held-out reviews are the end of the task's test shuffle: never a prompt or a reference text.
     task = imdb.task_splits(data_dir, n_eval=100, n_reference=100)
     used = {t.split(" ")[2] for t in task.eval_prompts + task.reference_texts}
-    assert not used & {t.split(" ")[2] for t in held_out}
+    assert not used & {t.split(" ")[2] for t in held_out} and task.test_prompts == []  # no test prompts unless asked
+    # Test prompts never reach into the held-out reviews: of 700, 500 are held out and 200 used above.
+    assert imdb.task_splits(data_dir, n_eval=100, n_reference=100, n_test=50).test_prompts == []
+    more = write_imdb(tmp_path / "more", n_test=900)
+    task = imdb.task_splits(more, n_eval=100, n_reference=100, n_test=60)
+    used = [t.split(" ")[2] for t in task.eval_prompts + task.reference_texts + task.test_prompts]
+    assert len(task.test_prompts) == 60 and len(set(used)) == len(used) == 260  # three disjoint parts
+    assert not set(used) & {t.split(" ")[2] for t in imdb.policy_texts(more)[1]}
 
 
 def test_a_bad_imdb_file_is_named_with_its_line(tmp_path):

@@ -22,7 +22,7 @@ import os
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -140,14 +140,17 @@ class TaskSplits:
     """Whole test reviews (the next ``n_reference`` of the test shuffle), for the perplexity drift."""
     pretrain_texts: list[str]
     """Whole train reviews, for the multitask / S2P loss."""
+    test_prompts: list[str] = field(default_factory=list)
+    """First halves of test reviews (the next ``n_test`` of the test shuffle), scored once on the final weights."""
 
 
 def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: int | None = None, n_eval: int = 5000,
-                n_reference: int = 5000, n_pretrain: int | None = None, max_prompt_words: int | None = None
-                ) -> TaskSplits:
-    """The IMDB task's prompts and texts: ``n_train`` train prompts (default: all), ``n_eval`` validation prompts
-    and ``n_reference`` reference reviews (two disjoint parts of the test split), ``n_pretrain`` multitask texts
-    (default: all train reviews). Shuffles are seeded by ``seed`` (the task's, not the run's)."""
+                n_reference: int = 5000, n_pretrain: int | None = None, max_prompt_words: int | None = None,
+                n_test: int = 0) -> TaskSplits:
+    """The IMDB task's prompts and texts: ``n_train`` train prompts (default: all), ``n_eval`` validation prompts,
+    ``n_reference`` reference reviews and ``n_test`` test prompts (disjoint parts of the test split, clear of the
+    policy's held-out reviews), ``n_pretrain`` multitask texts (default: all train reviews). Shuffles are seeded by
+    ``seed`` (the task's, not the run's)."""
     if max_prompt_words is not None and (not isinstance(max_prompt_words, int) or max_prompt_words < 1):
         raise ConfigError(f"task.options.max_prompt_words: expected a positive integer, got {max_prompt_words!r}")
     train = shuffled(load_imdb(data_dir, "train"), seed, "imdb-train")
@@ -160,7 +163,10 @@ def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: i
     eval_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in test[:n_eval]) if p]
     reference_texts = [t for t, _ in test[n_eval:n_eval + n_reference]]
     pretrain_texts = [t for t, _ in train[:_count("n_pretrain", n_pretrain, len(train))]]
-    return TaskSplits(train_prompts, eval_prompts, reference_texts, pretrain_texts)
+    start = n_eval + n_reference
+    n_test = _count("n_test", n_test, max(0, len(test) - POLICY_HELD_OUT - start)) if n_test else 0
+    test_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in test[start:start + n_test]) if p]
+    return TaskSplits(train_prompts, eval_prompts, reference_texts, pretrain_texts, test_prompts)
 
 
 def classifier_split(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: int = 6000, n_test: int = 2000

@@ -29,16 +29,17 @@ from elastic_reset.tasks.base import Task, register_task
 def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_train: int | None = None,
               n_eval: int = 5000, n_reference: int = 5000, n_pretrain: int | None = None, seed: int = 0,
               max_prompt_words: int | None = None, reward_batch_size: int = 64,
-              reward_max_length: int = 256) -> Task:
+              reward_max_length: int = 256, n_test: int = 0) -> Task:
     """The IMDB task. ``n_train`` train prompts (default: all 25,000 train reviews), ``n_eval`` validation
-    prompts and ``n_reference`` reference reviews (two disjoint parts of the test split), ``n_pretrain``
-    multitask texts (default: all train reviews). ``reward_model``: a classifier folder (default
-    ``models.imdb_classifier_path()``, built by ``elastic-reset build imdb-classifier``)."""
+    prompts, ``n_reference`` reference reviews and ``n_test`` test prompts, scored once on the final weights
+    (disjoint parts of the test split), ``n_pretrain`` multitask texts (default: all train reviews).
+    ``reward_model``: a classifier folder (default ``models.imdb_classifier_path()``, built by ``elastic-reset
+    build imdb-classifier``)."""
     from elastic_reset.models import IMDB_CLASSIFIER_BUILD, imdb_classifier_path
     from elastic_reset.rewards.classifier import SentimentReward
 
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference,
-                       n_pretrain=n_pretrain, max_prompt_words=max_prompt_words)
+                       n_pretrain=n_pretrain, max_prompt_words=max_prompt_words, n_test=n_test)
     path = Path(reward_model) if reward_model is not None else imdb_classifier_path()
     if not (path / "config.json").is_file():
         hint = (f"build it with `{IMDB_CLASSIFIER_BUILD}`" if reward_model is None else
@@ -52,4 +53,5 @@ def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_tr
         reward_fn=SentimentReward(path, batch_size=reward_batch_size, max_length=reward_max_length),
         reference_texts=data.reference_texts,
         pretrain_texts=data.pretrain_texts,
+        test_prompts=data.test_prompts,
     )
