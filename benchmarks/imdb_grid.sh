@@ -1,26 +1,57 @@
 #!/usr/bin/env bash
-# The IMDB experiment of BENCHMARKS.md ("IMDB: reward vs drift"): configs/imdb.yaml (a 5M GPT-2 pretrained on IMDB
-# train reviews, full fine-tuning, RLOO: the config says why not PPO) for 7 methods x 5 seeds (the paper's seed count). Resumable: run it again
-# after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds). Needs the reward model and
-# the policy (see configs/imdb.yaml). About 3 hours on 2 CPU cores.
+# The IMDB experiments of BENCHMARKS.md: 7 methods x 5 seeds (the paper's seed count) of one config.
+#   bash benchmarks/imdb_grid.sh    configs/imdb.yaml (a 5M GPT-2 trained from scratch on IMDB reviews: the toy
+#                                   scale of issue 9; about 3 hours on 2 CPU cores)
+#   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=results/imdb_135m bash benchmarks/imdb_grid.sh
+#                                   (SmolLM2-135M adapted to IMDB: the paper's scale, issue 36)
+# Resumable: run it again after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
+# JOBS=N trains N cells at once (compare --jobs; a GPU machine with 16 cores: JOBS=7 runs a seed of every method
+# side by side). Needs the reward model and the policy named in the config.
 #
 # Per-method settings (the paper's §6 and Appendix B, and what the authors' released RL4LMs fork ran):
 #  kl            PPO + KL, beta 0.1, adaptive (target 0.5): the paper's PPO baseline
-#  kl_small      PPO + KL, beta 0.01 fixed: a smaller beta (paper Fig. 12: the frontier depends on beta)
+#  kl_small      PPO + KL, beta 0.01: a smaller beta (paper Fig. 12: the frontier depends on beta); fixed
+#                (KL_SMALL_TARGET=null, the toy grid) or adaptive like kl (the 135M grid: 0.5)
 #  elastic_reset authors' code: beta 0.001 (target 1.0), decay 0.995, EMA updated once per iteration, KL
 #                reference = the EMA, reset every 17 iterations
 #  er_paper      paper's text: beta 0.001 (target 1.0), EMA after every optimizer step, KL reference = the
 #                initial model; with one optimizer step per iteration here, that is the authors' clock, so the
 #                paper-text variant uses the text's EMA horizon instead: ~2 iterations (0.995 over RL4LMs' 100
-#                optimizer steps per iteration), decay 0.6
+#                optimizer steps per iteration): decay 0.6 with one optimizer step an iteration (ER_PAPER_DECAY:
+#                0.6 ** (1 / steps an iteration) with more)
 #  reset_to_init beta 0.001 (target 1.0), reset every 17 iterations to the initial weights
 #  reset_to_ema  as the authors' elastic_reset, but the EMA is never reset to the initial weights
 #  nlpo          NLPO as the paper's corrected run: beta 1.0 (target 1.0), sampling inside the top-0.9 set of a
 #                mask model (at least 100 tokens) refreshed every 50 iterations
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CONFIG=${CONFIG:-configs/imdb.yaml}
 GRID=${GRID:-runs/imdb}
+RESULTS=${RESULTS:-results/imdb}
 SEEDS=${SEEDS:-5}
+# What differs between the two scales (BENCHMARKS.md says why): the small beta's controller (null: fixed), and the
+# paper-text EMA's per-optimizer-step decay, which keeps its horizon at ~2 iterations (0.6 with one step an iteration).
+KL_SMALL_TARGET=${KL_SMALL_TARGET:-null}
+ER_PAPER_DECAY=${ER_PAPER_DECAY:-0.6}
+# A grid that spans sessions must keep its policy: a rebuilt one (the cache does not outlive a machine) has to be
+# the same model. POLICY_METRICS names the policy's pretrain_metrics.json; the first run of the grid records it in
+# $RESULTS/policy.json and every later one refuses a policy whose held-out perplexity differs (another CPU kind, or
+# another build, trains another model).
+if [ -n "${POLICY_METRICS:-}" ]; then
+  mkdir -p "$RESULTS"
+  .venv/bin/python - "$POLICY_METRICS" "$RESULTS/policy.json" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+built, recorded = Path(sys.argv[1]), Path(sys.argv[2])
+if not recorded.exists():
+    shutil.copyfile(built, recorded)
+    sys.exit(0)
+now, then = (json.loads(p.read_text())["held_out_perplexity"] for p in (built, recorded))
+if abs(now - then) > 1e-6 * then:
+    sys.exit(f"{built}: held-out perplexity {now:.6f}, but this grid's policy had {then:.6f} ({recorded}): "
+             "another policy; rebuild it on the CPU kind that built the first (or start a new grid)")
+PY
+fi
 SMALL_KL=(kl.coef=0.001 kl.target=1.0)
 sets=()
 for m in elastic_reset er_paper reset_to_init reset_to_ema; do
@@ -28,22 +59,22 @@ for m in elastic_reset er_paper reset_to_init reset_to_ema; do
 done
 # Seed by seed (every method's seed 0 first, ...), so that a grid stopped part-way has every method at equal seeds.
 for n in $(seq 1 "$SEEDS"); do
-.venv/bin/elastic-reset compare configs/imdb.yaml --out "$GRID" --seeds "$n" \
+.venv/bin/elastic-reset compare "$CONFIG" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
   --methods kl,kl_small=kl,elastic_reset,er_paper=elastic_reset,reset_to_init,reset_to_ema,nlpo \
   "${sets[@]}" \
-  --method-set kl_small:kl.coef=0.01 --method-set kl_small:kl.target=null \
+  --method-set kl_small:kl.coef=0.01 --method-set "kl_small:kl.target=$KL_SMALL_TARGET" \
   --method-set elastic_reset:method.ema_update=iteration --method-set elastic_reset:kl.reference=ema \
   --method-set er_paper:method.ema_update=step --method-set er_paper:kl.reference=init \
-  --method-set er_paper:method.decay=0.6 \
+  --method-set "er_paper:method.decay=$ER_PAPER_DECAY" \
   --method-set reset_to_ema:method.ema_update=iteration --method-set reset_to_ema:kl.reference=ema \
   --method-set nlpo:kl.coef=1.0 --method-set nlpo:kl.target=1.0 --method-set nlpo:method.nlpo_top_p=0.9 \
   --method-set nlpo:method.nlpo_min_tokens=100 --method-set nlpo:method.nlpo_update_every=50 \
   --set progress=false
 done
 # What BENCHMARKS.md cites: the report, the figures, and each run's config and metrics (not the checkpoints).
-rm -rf results/imdb/runs && mkdir -p results/imdb
-cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png results/imdb/
+rm -rf "$RESULTS/runs" && mkdir -p "$RESULTS"
+cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png "$RESULTS/"
 for run in "$GRID"/*/seed*/; do
-  dest=results/imdb/runs/${run#"$GRID"/}
+  dest=$RESULTS/runs/${run#"$GRID"/}
   mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$dest"
 done

@@ -1,0 +1,91 @@
+"""Does Elastic Reset Pareto-dominate PPO + KL? The verdict of an IMDB grid, by rules fixed before it ran (issue 36).
+
+    .venv/bin/python benchmarks/imdb_verdict.py results/imdb_135m     # writes results/imdb_135m/verdict.md
+
+Reads the grid's ``summary.json`` (``benchmarks/imdb_grid.sh``): per method the final evaluation as mean ± SE over
+seeds and the mean frontier (least perplexity on held-out true reviews at each reward level); per pair the shared
+reward range and the fraction of it on which each method's frontier is better.
+
+Rules (the reward-model verdict's habits: means ± SE over seeds, frontiers over the shared reward range):
+- Method A *Pareto-dominates* B when (1) A's mean frontier has the lower perplexity on at least 90 % of the
+  reward range both frontiers cover, and (2) A reaches as far as B: the shared range's top is at least 90 % of the
+  way up B's own frontier range (a mean frontier spans the reward levels every seed reached, so one stalled
+  seed shortens it). *Is dominated*: the same with A and B swapped. Anything else is a *trade-off*, described by
+  the numbers; with no shared range, *no comparison*.
+- The paper's claim (§6: Elastic Reset reaches a better reward-drift frontier than PPO + KL) *holds* when Elastic
+  Reset (the authors' code, ``elastic_reset``) Pareto-dominates PPO + KL at both β (``kl``, ``kl_small``), *holds
+  in part* when it dominates one and is dominated by neither, and *does not hold* otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ER = "elastic_reset"
+BASELINES = ("kl", "kl_small")
+OTHERS = ("er_paper", "reset_to_init", "reset_to_ema", "nlpo")
+
+
+def pair(summary: dict, a: str, b: str) -> tuple[str, str]:
+    """(``dominates`` | ``dominated`` | ``trade-off`` | ``no comparison``, one line of numbers) for A against B."""
+    methods = summary["methods"]
+    row = next((r for r in summary["dominance"] if {r["a"], r["b"]} == {a, b}), None)
+    fa, fb = methods[a]["final_reward"], methods[b]["final_reward"]
+    da, db = methods[a]["final_drift"], methods[b]["final_drift"]
+    finals = (f"final reward {fa['mean']:.3f} ± {fa['se']:.3f} vs {fb['mean']:.3f} ± {fb['se']:.3f}; final "
+              f"perplexity {da['mean']:.1f} ± {da['se']:.1f} vs {db['mean']:.1f} ± {db['se']:.1f}")
+    if row is None or row.get("range") is None:
+        return "no comparison", f"no shared reward range; {finals}"
+    a_better, b_better = (row["a_better"], row["b_better"]) if row["a"] == a else (row["b_better"], row["a_better"])
+    lo, hi = row["range"]
+
+    def covered(m: str) -> float:  # how far up m's own frontier range the shared range reaches (its top matters)
+        levels = methods[m]["frontier"]["levels"]
+        return 1.0 if levels[-1] <= levels[0] else (hi - levels[0]) / (levels[-1] - levels[0])
+
+    ranges = ", ".join(f"{m} [{methods[m]['frontier']['levels'][0]:.3f}, {methods[m]['frontier']['levels'][-1]:.3f}]"
+                       for m in (a, b))
+    text = (f"shared reward range [{lo:.3f}, {hi:.3f}] (own ranges: {ranges}); lower perplexity there: {a} on "
+            f"{a_better:.0%}, {b} on {b_better:.0%}; {finals}")
+    if a_better >= 0.9 and covered(b) >= 0.9:
+        return "dominates", text
+    if b_better >= 0.9 and covered(a) >= 0.9:
+        return "dominated", text
+    return "trade-off", text
+
+
+def verdict(summary: dict) -> str:
+    methods = summary["methods"]
+    seeds = sorted({s for entry in methods.values() for s in entry["seeds"]})
+    lines = ["# Elastic Reset against PPO + KL on IMDB (written by benchmarks/imdb_verdict.py)", "",
+             f"Seeds {seeds}; rules in the script's docstring, fixed before the grid ran.", ""]
+    outcomes = {}
+    for b in (*BASELINES, *OTHERS):
+        if ER in methods and b in methods:
+            outcome, text = pair(summary, ER, b)
+            outcomes[b] = outcome
+            lines.append(f"- **{ER} vs {b}: {outcome}** — {text}")
+    dominated = [b for b in BASELINES if outcomes.get(b) == "dominates"]
+    lost = [b for b in BASELINES if outcomes.get(b) == "dominated"]
+    if len(dominated) == len(BASELINES):
+        claim = "holds"
+    elif dominated and not lost:
+        claim = "holds in part"
+    else:
+        claim = "does not hold"
+    lines += ["", f"**The paper's claim (Elastic Reset Pareto-dominates PPO + KL) {claim} at this scale**: it "
+              f"dominates {', '.join(dominated) or 'neither β'}"
+              + (f" and is dominated by {', '.join(lost)}" if lost else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(results: Path) -> None:
+    text = verdict(json.loads((results / "summary.json").read_text()))
+    (results / "verdict.md").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
