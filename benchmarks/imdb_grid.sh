@@ -5,6 +5,8 @@
 #   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=results/imdb_135m bash benchmarks/imdb_grid.sh
 #                                   (SmolLM2-135M adapted to IMDB: the paper's scale, issue 36)
 # Resumable: run it again after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
+# Across sessions too: finished cells are kept in $RESULTS/runs (after every seed, or COLLECT=1 for a grid stopped
+# part-way) and brought back into an empty $GRID, so a later session on a new machine goes on where this one stopped.
 # JOBS=N trains N cells at once (compare --jobs; a GPU machine with 16 cores: JOBS=7 runs a seed of every method
 # side by side). Needs the reward model and the policy named in the config.
 #
@@ -52,6 +54,25 @@ if abs(now - then) > 1e-6 * then:
              "another policy; rebuild it on the CPU kind that built the first (or start a new grid)")
 PY
 fi
+# What BENCHMARKS.md cites, and what a later session (a new machine, whose runs/ is empty) needs to skip the cells
+# already trained: each finished cell's config, metrics, label, task and done marker (not its checkpoints), and
+# the report. COLLECT=1 only does this (for a grid stopped part-way).
+collect() {
+  mkdir -p "$RESULTS"
+  for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
+  for run in "$GRID"/*/seed*/; do
+    [ -f "$run/done" ] || continue
+    dest=$RESULTS/runs/${run#"$GRID"/}
+    mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$run"/task.json "$run"/done "$dest"
+  done
+}
+if [ -n "${COLLECT:-}" ]; then collect; exit 0; fi
+# Cells finished in an earlier session come back from $RESULTS, so that compare skips them.
+for run in "$RESULTS"/runs/*/seed*/; do
+  [ -f "$run/done" ] || continue
+  dest=$GRID/${run#"$RESULTS"/runs/}
+  [ -e "$dest/config.yaml" ] || { mkdir -p "$dest" && cp "$run"/* "$dest"; }
+done
 SMALL_KL=(kl.coef=0.001 kl.target=1.0)
 sets=()
 for m in elastic_reset er_paper reset_to_init reset_to_ema; do
@@ -70,11 +91,5 @@ for n in $(seq 1 "$SEEDS"); do
   --method-set nlpo:kl.coef=1.0 --method-set nlpo:kl.target=1.0 --method-set nlpo:method.nlpo_top_p=0.9 \
   --method-set nlpo:method.nlpo_min_tokens=100 --method-set nlpo:method.nlpo_update_every=50 \
   --set progress=false
-done
-# What BENCHMARKS.md cites: the report, the figures, and each run's config and metrics (not the checkpoints).
-rm -rf "$RESULTS/runs" && mkdir -p "$RESULTS"
-cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png "$RESULTS/"
-for run in "$GRID"/*/seed*/; do
-  dest=$RESULTS/runs/${run#"$GRID"/}
-  mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$dest"
+collect
 done
