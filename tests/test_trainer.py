@@ -17,7 +17,7 @@ import yaml
 
 from elastic_reset.io import read_metrics
 from elastic_reset.rl.config import ConfigError, load_config
-from elastic_reset.errors import RewardError
+from elastic_reset.errors import DataFileError, RewardError, RunFileError
 from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import Task, get_task
 from helpers import tiny_config, trainable, without_times
@@ -261,6 +261,48 @@ def test_perplexity_on_initial_policy_samples_is_the_same_text_for_every_run(tmp
     (tmp_path / "a" / "reference_texts.json").write_text(json.dumps(["x"] * 5))
     assert RLTrainer(tiny_config(*sets, "method.name=kl", "steps=4"), tmp_path / "a",
                      resume=True).evaluator.texts == ["x"] * 5
+
+
+def test_win_rate_against_the_initial_policy_and_further_prompt_sets(tmp_path):
+    judged = []
+
+    def judge(prompts, completions):  # longer is better; records what it was asked to judge
+        judged.append(list(completions))
+        return [float(len(c)) for c in completions]
+
+    sets = ("eval.every=3", "eval.num_prompts=3", "eval.samples_per_prompt=2", "eval.batch_size=4",
+            "eval.num_test_prompts=2", "eval.ema=false")
+    forget = [f"forget prompt {i}" for i in range(5)]
+    task = _task(lambda p, c: [0.5] * len(c), eval_sets={"forget": forget}, judge_fn=judge,
+                 test_prompts=["test a", "test b", "test c"])
+    records = RLTrainer(tiny_config(*sets), tmp_path, task=task).train()
+    saved = json.loads((tmp_path / "initial_completions.json").read_text())
+    assert {k: len(v) for k, v in saved.items()} == {"eval": 6, "eval_forget": 6, "test": 4}
+    evals = [r for r in records if "eval/reward" in r]
+    first, last = evals[0], evals[-1]
+    # Step 0 draws with the same noise from the same weights: every completion ties with the initial one.
+    assert first["eval/win_rate"] == first["eval_forget/win_rate"] == 0.5
+    assert "eval_forget/perplexity" not in first and "eval/perplexity" in first
+    assert last["step"] == 3 and {"eval_forget/reward", "eval_forget/kl_init"} <= set(last)
+    assert "test/win_rate" in records[-1]
+    # A resumed run reads the initial completions back: now every completion loses to a very long one.
+    saved = {k: ["x" * 10_000] * len(v) for k, v in saved.items()}
+    (tmp_path / "initial_completions.json").write_text(json.dumps(saved))
+    trainer = RLTrainer(tiny_config(*sets, "steps=6"), tmp_path, task=task, resume=True)
+    record = trainer.evaluate()
+    trainer.close()
+    assert record["eval/win_rate"] == record["eval_forget/win_rate"] == 0.0
+    saved["eval"] = saved["eval"][:1]
+    (tmp_path / "initial_completions.json").write_text(json.dumps(saved))
+    with pytest.raises(RunFileError, match="initial_completions.json"):
+        RLTrainer(tiny_config(*sets, "steps=6"), tmp_path, task=task, resume=True)
+
+
+def test_a_task_refuses_an_empty_or_misnamed_prompt_set():
+    with pytest.raises(DataFileError, match=r"eval_sets\['forget'\] is empty"):
+        _task(lambda p, c: [0.0] * len(c), eval_sets={"forget": []})
+    with pytest.raises(DataFileError, match="not an identifier"):
+        _task(lambda p, c: [0.0] * len(c), eval_sets={"for get": ["p"]})
 
 
 # ----------------------------------------------------------------------------------------------- resume

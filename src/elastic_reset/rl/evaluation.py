@@ -1,5 +1,6 @@
 """Evaluation during training: held-out reward, drift (perplexity on reference text, KL to the initial model on
-fresh samples) and the task's own metrics, for the current weights and, where the method keeps one, the EMA's.
+fresh samples), the task's own metrics and, with a judge, the win rate against the initial policy, for the current
+weights and, where the method keeps one, the EMA's.
 
 Evaluation draws its own noise from a fixed seed, so it never changes the training stream, and every evaluation
 of a run samples with the same noise: differences between steps come from the weights, not the draw.
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from elastic_reset.errors import RunFileError
-from elastic_reset.evaluation.drift import perplexity
+from elastic_reset.evaluation.drift import perplexity as text_perplexity
 from elastic_reset.io import atomic_write_text
 from elastic_reset.rl.config import TrainConfig
 from elastic_reset.rl.methods import DriftMethod
@@ -23,6 +24,7 @@ from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.tasks import Task
 
 REFERENCE_TEXTS = "reference_texts.json"
+INITIAL_COMPLETIONS = "initial_completions.json"
 _REFERENCE_SEED = 20_231_210  # not the run's seed: every run of a comparison scores the same texts
 
 
@@ -38,11 +40,44 @@ class Evaluator:
         self.reward = reward
         self.run = run
         self.texts: list[str] = []
+        self.judge = None if task.judge_fn is None else CheckedReward(task.judge_fn, task.name, "error",
+                                                                       policy.device, what="judge_fn")
+        self.initial: dict[str, list[str]] = {}
 
-    def load_reference_texts(self) -> None:
-        """The texts perplexity is measured on (``eval.reference``), fixed for the run. Initial-policy samples are
-        drawn once and kept in the run directory, so a resumed run reads them back instead of drawing them from
-        trained weights: call this while the policy still holds its initial weights."""
+    def prompt_sets(self) -> dict[str, list[str]]:
+        """``{prefix: prompts}`` evaluated every time: the validation prompts and the task's ``eval_sets``."""
+        n = self.config.eval.num_prompts
+        return {"eval": self.task.eval_prompts[:n], **{f"eval_{k}": v[:n] for k, v in self.task.eval_sets.items()}}
+
+    def load_initial(self) -> None:
+        """What the run compares against, fixed from the initial weights: the texts perplexity is measured on
+        (``eval.reference``) and, with a judge, the initial policy's completions of every evaluated prompt set.
+        Samples are drawn once and kept in the run directory, so a resumed run reads them back instead of drawing
+        them from trained weights: call this while the policy still holds its initial weights."""
+        self._load_reference_texts()
+        if self.judge is not None and self.config.eval.every > 0:
+            sets = {**self.prompt_sets(), "test": self.test_prompts()}
+            self.initial = self._saved_completions(sets) or self._draw_completions(sets)
+
+    def _saved_completions(self, sets: dict[str, list[str]]) -> dict[str, list[str]] | None:
+        saved = self.run.read_json(INITIAL_COMPLETIONS)
+        if saved is None:
+            return None
+        k = self.config.eval.samples_per_prompt
+        if not (isinstance(saved, dict) and set(saved) == set(sets) and all(
+                isinstance(saved[s], list) and len(saved[s]) == len(p) * k and all(isinstance(t, str) for t in saved[s])
+                for s, p in sets.items())):
+            raise RunFileError(f"{self.run.path / INITIAL_COMPLETIONS}: expected {{set: [completion, ...]}} for the "
+                               f"sets {sorted(sets)} with eval.samples_per_prompt completions per prompt; delete it "
+                               "only if the run restarts from scratch")
+        return saved
+
+    def _draw_completions(self, sets: dict[str, list[str]]) -> dict[str, list[str]]:
+        drawn = {name: [t for _, _, texts in self._samples(prompts) for t in texts] for name, prompts in sets.items()}
+        atomic_write_text(self.run.path / INITIAL_COMPLETIONS, json.dumps(drawn, indent=1, ensure_ascii=False) + "\n")
+        return drawn
+
+    def _load_reference_texts(self) -> None:
         e = self.config.eval
         if self.policy.is_encoder_decoder:
             self.texts = []  # no perplexity for an encoder-decoder policy: the task's own metrics measure drift
@@ -79,30 +114,47 @@ class Evaluator:
         return texts
 
     def evaluate(self, method: DriftMethod) -> dict[str, Any]:
-        """``eval/*`` for the current weights, and ``eval_ema/*`` for the EMA weights of a method that keeps one
-        (with ``eval.ema`` on)."""
-        record = self.evaluate_prompts("eval")
+        """``eval/*`` and ``eval_<set>/*`` for the current weights, and ``eval_ema/*`` (validation prompts only)
+        for the EMA weights of a method that keeps one (with ``eval.ema`` on)."""
+        record = {}
+        for prefix, prompts in self.prompt_sets().items():
+            record.update(self.evaluate_prompts(prefix, prompts, initial=self.initial.get(prefix),
+                                                perplexity=prefix == "eval"))
         if method.keeps_ema and self.config.eval.ema:
             with method.ema_weights():
-                record.update(self.evaluate_prompts("eval_ema"))
+                record.update(self.evaluate_prompts("eval_ema", initial=self.initial.get("eval")))
         return record
+
+    def test_prompts(self) -> list[str]:
+        return self.task.test_prompts[:self.config.eval.num_test_prompts]
 
     def test(self) -> dict[str, Any]:
         """``test/*``: the task's test split (the Translation Game's table), once, on the final weights."""
-        return self.evaluate_prompts("test", self.task.test_prompts[:self.config.eval.num_test_prompts])
+        return self.evaluate_prompts("test", self.test_prompts(), initial=self.initial.get("test"))
+
+    def _samples(self, prompts: list[str]):
+        """``(prompts, rollout, completions)`` per batch of ``prompts`` × ``eval.samples_per_prompt``, drawn with the
+        evaluation's fixed noise."""
+        e = self.config.eval
+        prompts = [p for p in prompts for _ in range(e.samples_per_prompt)]
+        generator = torch.Generator(self.policy.device).manual_seed(self.config.seed + 1_000_003)
+        with torch.no_grad():
+            for start in range(0, len(prompts), e.batch_size):
+                chunk = prompts[start:start + e.batch_size]
+                rollout = self.policy.sample(chunk, generator, greedy=e.greedy)
+                yield chunk, rollout, self.policy.decode(rollout.response_ids, rollout.response_mask)
 
     @torch.no_grad()
-    def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None) -> dict[str, Any]:
+    def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None, initial: list[str] | None = None,
+                         perplexity: bool = True) -> dict[str, Any]:
+        """Reward, KL to the initial model, perplexity on the reference texts (unless ``perplexity`` is off: it
+        does not depend on the prompts), the task's metrics and, given the ``initial`` policy's completions of
+        ``prompts`` and a judge, the win rate."""
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
-        prompts = [p for p in prompts for _ in range(e.samples_per_prompt)]
-        generator = torch.Generator(self.policy.device).manual_seed(self.config.seed + 1_000_003)
-        scores, completions, kls = [], [], []
-        for start in range(0, len(prompts), e.batch_size):
-            chunk = prompts[start:start + e.batch_size]
-            rollout = self.policy.sample(chunk, generator, greedy=e.greedy)
-            texts = self.policy.decode(rollout.response_ids, rollout.response_mask)
+        scores, completions, kls, all_prompts = [], [], [], []
+        for chunk, rollout, texts in self._samples(prompts):
             chunk_scores, keep = self.reward(chunk, texts)
             logp = self.policy.score(rollout).logprobs
             with self.reference.model() as ref:
@@ -111,12 +163,17 @@ class Evaluator:
             kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
             scores.append(chunk_scores[keep])
             completions.extend(texts)
+            all_prompts.extend(chunk)
+        prompts = all_prompts
         record = {
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
         }
-        if self.texts:
-            record[f"{prefix}/perplexity"] = perplexity(self.policy.model, self.policy.tokenizer, self.texts,
+        if initial is not None:
+            now, then = self.judge(prompts, completions)[0], self.judge(prompts, initial)[0]
+            record[f"{prefix}/win_rate"] = float(((now > then).float() + 0.5 * (now == then).float()).mean())
+        if self.texts and perplexity:
+            record[f"{prefix}/perplexity"] = text_perplexity(self.policy.model, self.policy.tokenizer, self.texts,
                                                         max_tokens=e.max_text_tokens, batch_size=e.batch_size,
                                                         autocast_dtype=self.policy.autocast_dtype)
         if self.task.metrics_fn is not None:

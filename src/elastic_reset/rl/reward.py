@@ -16,22 +16,24 @@ from elastic_reset.rewards.calling import call_reward
 class CheckedReward:
     """``reward_fn(prompts, completions)`` of task ``task_name``, returning scores as a float tensor on ``device``
     and which samples are kept. Non-numbers stop the run; NaN/inf (and None, TRL's "no reward") stop it under
-    ``bad_reward: error`` and are dropped (score 0, kept False) under ``drop``.
+    ``bad_reward: error`` and are dropped (score 0, kept False) under ``drop``. ``what`` names it in errors (the
+    task's ``judge_fn`` is checked the same way).
 
     A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
     completions=...)``; any other is called positionally. An exception raised inside the reward propagates as it
     is, with its own traceback (and a note naming the task)."""
 
     def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
-                 bad_reward: Literal["error", "drop"], device: torch.device):
+                 bad_reward: Literal["error", "drop"], device: torch.device, what: str = "reward function"):
         self.reward_fn = reward_fn
+        self.what = what
         self.task_name = task_name
         self.bad_reward = bad_reward
         self.device = device
         self.keywords = _takes_keywords(reward_fn)
 
     def __call__(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        who = f"reward function of task {self.task_name!r}"
+        who = f"{self.what} of task {self.task_name!r}"
         call = ((lambda: self.reward_fn(prompts=prompts, completions=completions)) if self.keywords
                 else (lambda: self.reward_fn(prompts, completions)))
         values = [math.nan if v is None else v for v in
@@ -41,7 +43,7 @@ class CheckedReward:
         if not keep.all():
             bad = (~keep).nonzero().flatten().tolist()
             if self.bad_reward == "error":
-                raise RewardError(f"reward function of task {self.task_name!r} returned non-finite values "
+                raise RewardError(f"{who} returned non-finite values "
                                   f"{[values[i] for i in bad[:3]]} (samples {bad[:3]}); set bad_reward: drop to "
                                   "drop such samples instead")
             scores = torch.where(keep, scores, torch.zeros_like(scores))

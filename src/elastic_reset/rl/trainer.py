@@ -134,7 +134,7 @@ class RLTrainer:
                               f"{len(self.train_prompts)} training prompts, fewer than algo.prompts_per_step")
         # Before any resume: the model still holds the initial weights here. Rank 0 alone evaluates.
         if self.dp.is_main:
-            self.evaluator.load_reference_texts()
+            self.evaluator.load_initial()
 
         # On the model's device: sampling draws its noise there (a CPU generator cannot feed CUDA's rand). Each
         # data-parallel rank draws its own samples; rank 0's stream is the single-process one.

@@ -45,6 +45,14 @@ class Task:
     drift_key: str = "perplexity"
     """The evaluation metric that measures drift in reports (``eval/<drift_key>``; ``perplexity`` is the
     engine's, anything else comes from ``metrics_fn``)."""
+    eval_sets: dict[str, list[str]] = field(default_factory=dict)
+    """Further held-out prompt sets, evaluated beside ``eval_prompts`` (their first ``eval.num_prompts`` each) as
+    ``eval_<name>/...``: reward, KL to the initial model, the task's metrics and the win rate, without perplexity.
+    E.g. ``forget``: prompts unlike the training prompts, where forgetting shows (paper 2 §4.3)."""
+    judge_fn: RewardFn | None = None
+    """A second scorer, ``(prompts, completions) -> floats``, for ``.../win_rate``: the share of prompts where the
+    policy's completion scores higher than the initial policy's (drawn once with the evaluation's noise; ties count
+    half). The gold-vs-proxy testbed's gold judges a policy trained on a proxy."""
     reference_lm: str | None = None
     """A decoder-only LM (a Hugging Face folder) sharing the policy's tokenizer, for ``kl.reference: lm``: the KL
     penalty to a language model of the output language (the Translation Game's English LM, paper §4)."""
@@ -59,6 +67,11 @@ class Task:
             if bad:
                 raise DataFileError(f"task {self.name!r}: {key}[{bad[0]}] is empty or not a string "
                                  f"({len(bad)} such item(s))")
+        for name, prompts in self.eval_sets.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise DataFileError(f"task {self.name!r}: eval_sets name {name!r} is not an identifier")
+            if not prompts or not all(isinstance(t, str) and t.strip() for t in prompts):
+                raise DataFileError(f"task {self.name!r}: eval_sets[{name!r}] is empty or holds an empty prompt")
 
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
