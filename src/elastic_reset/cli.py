@@ -164,6 +164,25 @@ def _build_imdb_smollm2(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_gold_pairs(args: argparse.Namespace) -> int:
+    from elastic_reset.data.imdb import train_prompts
+    from elastic_reset.models import gold_pairs_path, imdb_classifier_path, imdb_smollm2_path
+    from elastic_reset.rewards.gold import GoldPairsConfig, build_gold_pairs
+
+    config = GoldPairsConfig(n_pairs=args.n_pairs, temperature=args.temperature, seed=args.seed,
+                             batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    config.validate()
+    out = args.out or gold_pairs_path(config.n_pairs, config.temperature, config.seed)
+    policy = args.policy or imdb_smollm2_path()
+    gold = args.gold or imdb_classifier_path()
+    out, metrics = build_gold_pairs(policy, gold, train_prompts(args.data_dir, config.n_pairs), out, config,
+                                    force=args.force)
+    print(f"gold pairs: {metrics['pairs']} written to {out} in {metrics['seconds']:.0f} s; labels agree with the "
+          f"gold's order on {metrics['label_agrees_with_gold']:.3f} of pairs (T = {config.temperature:g}), mean "
+          f"|gold gap| {metrics['mean_abs_gold_gap']:.2f}")
+    return 0
+
+
 def _build_translation_agents(args: argparse.Namespace) -> int:
     from elastic_reset.pretrain.translation import build_translation_agents
 
@@ -303,6 +322,26 @@ def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
 
 
+def _gold_pairs_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=None, help="folder holding imdb/train.jsonl.gz, e.g. ../shared/data "
+                        "(default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    parser.add_argument("--n-pairs", type=_positive_int, default=2000, help="pairs, one per IMDB train prompt "
+                        "(default 2000)")
+    parser.add_argument("--temperature", type=_positive_float, default=1.0, help="Bradley–Terry noise: P(a ≻ b) = "
+                        "sigmoid((g_a - g_b) / T) in gold log-odds (default 1)")
+    parser.add_argument("--seed", type=_seed, default=0, help="seeds the sampling and the labels (default 0)")
+    parser.add_argument("--policy", default=None, help="causal-LM folder whose continuations are paired (default: "
+                        "the imdb-smollm2 build)")
+    parser.add_argument("--gold", default=None, help="sentiment classifier folder that labels them (default: the "
+                        "imdb-classifier build)")
+    parser.add_argument("--batch-size", type=_positive_int, default=16, help="prompts per generation (default 16)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=48, help="tokens per continuation "
+                        "(default 48, as configs/imdb_135m.yaml)")
+    parser.add_argument("--out", default=None, help="where to write them (default: the cache, "
+                        "gold-pairs/imdb-n<N>-t<T>-seed<S>)")
+    parser.add_argument("--force", action="store_true", help="replace pairs already at --out")
+
+
 def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="folder holding multi30k/, e.g. ../shared/data")
     parser.add_argument("--out", default=None, help="where to write them (default: the cache path the "
@@ -328,6 +367,9 @@ BUILDS = {
     "imdb-smollm2": ("SmolLM2-135M-Instruct adapted to the IMDB train reviews by next-token training "
                      "(transformers' Trainer), cached as model.name imdb-smollm2", _imdb_smollm2_options,
                      _build_imdb_smollm2, None, False),
+    "gold-pairs": ("pairs of the IMDB policy's continuations labelled by the gold (the sentiment classifier) with "
+                   "Bradley–Terry noise, for proxy reward models (`reward-model train --data DIR/pairs.jsonl`)",
+                   _gold_pairs_options, _build_gold_pairs, None, False),
     "translation-agents": ("the Translation Game's agents (FR→EN, EN→DE, an English LM) pretrained on half of "
                            "Multi30k train, ~40 min on 2 cores", _translation_agents_options,
                            _build_translation_agents, "build-translation", False),

@@ -84,6 +84,12 @@ def translation_agents_path(required: bool = True) -> Path:
     return path
 
 
+def gold_pairs_path(n_pairs: int, temperature: float, seed: int) -> Path:
+    """Gold-labelled pairs of the IMDB policy's continuations (``elastic-reset build gold-pairs``):
+    ``gold-pairs/imdb-n<N>-t<T>-seed<S>``."""
+    return cache_dir() / "gold-pairs" / f"imdb-n{n_pairs}-t{temperature:g}-seed{seed}"
+
+
 def reward_model_path(backbone: str, advantage: bool, data: list[str], seed: int) -> Path:
     """A preference reward model (``elastic-reset reward-model train``):
     ``reward-models/<backbone>-<rm|am>-<data names>-seed<S>``."""

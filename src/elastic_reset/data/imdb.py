@@ -155,8 +155,7 @@ def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: i
         raise ConfigError(f"task.options.max_prompt_words: expected a positive integer, got {max_prompt_words!r}")
     train = shuffled(load_imdb(data_dir, "train"), seed, "imdb-train")
     test = shuffled(load_imdb(data_dir, "test"), seed, "imdb-test")
-    # Reviews too short to halve give an empty prompt: they are left out of the prompt sets.
-    train_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in train) if p]
+    train_prompts = _prompts(train, max_prompt_words)
     train_prompts = train_prompts[:_count("n_train", n_train, len(train_prompts))]
     n_eval = _count("n_eval", n_eval, len(test) - 1)
     n_reference = _count("n_reference", n_reference, len(test) - n_eval)
@@ -167,6 +166,17 @@ def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: i
     n_test = _count("n_test", n_test, max(0, len(test) - POLICY_HELD_OUT - start)) if n_test else 0
     test_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in test[start:start + n_test]) if p]
     return TaskSplits(train_prompts, eval_prompts, reference_texts, pretrain_texts, test_prompts)
+
+
+def _prompts(reviews: list[tuple[str, int]], max_prompt_words: int | None) -> list[str]:
+    # Reviews too short to halve give an empty prompt: they are left out of the prompt sets.
+    return [p for p in (prompt_of(t, max_prompt_words) for t, _ in reviews) if p]
+
+
+def train_prompts(data_dir: str | os.PathLike | None, n: int, *, seed: int = 0) -> list[str]:
+    """The task's first ``n`` train prompts (:func:`task_splits`'s, in its order), without reading the test split."""
+    prompts = _prompts(shuffled(load_imdb(data_dir, "train"), seed, "imdb-train"), None)
+    return prompts[:_count("n", n, len(prompts))]
 
 
 def classifier_split(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: int = 6000, n_test: int = 2000

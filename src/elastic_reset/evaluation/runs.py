@@ -45,6 +45,7 @@ DRIFTS: dict[str, DriftMetric] = {
 SCORES: dict[str, str] = {
     "reward": "validation reward",
     "task_bleu": "FR→EN→DE BLEU (task)",
+    "gold": "gold reward (P(positive))",  # the gold-vs-proxy testbed: eval/reward is the proxy's
 }
 """Task scores a report can put on its x axis (``eval/<key>``), with their axis labels."""
 

@@ -38,8 +38,9 @@ def _load_tokenizer(path: str | os.PathLike):
 
 
 def _positive_probs(model, tokenizer, texts: Sequence[str], *, batch_size: int, max_length: int,
-                    device: torch.device, use_autocast: bool) -> list[float]:
-    """P(positive) for each text. Texts are batched in order of length (less padding), results in input order."""
+                    device: torch.device, use_autocast: bool, log_odds: bool = False) -> list[float]:
+    """P(positive) for each text, or with ``log_odds`` log P(positive) − log P(negative) (unbounded, where
+    P(positive) rounds to 1). Texts are batched in order of length (less padding), results in input order."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     probs = [0.0] * len(texts)
     was_training = model.training
@@ -51,7 +52,8 @@ def _positive_probs(model, tokenizer, texts: Sequence[str], *, batch_size: int, 
             enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
                             return_tensors="pt").to(device)
             logits = model(**enc).logits.float()
-            for i, p in zip(idx, logits.softmax(-1)[:, POSITIVE].tolist()):
+            out = logits[:, POSITIVE] - logits[:, 1 - POSITIVE] if log_odds else logits.softmax(-1)[:, POSITIVE]
+            for i, p in zip(idx, out.tolist()):
                 probs[i] = p
     model.train(was_training)
     return probs
@@ -95,10 +97,21 @@ class SentimentReward:
         return _positive_probs(self.model, self.tokenizer, list(texts), batch_size=self.batch_size,
                                max_length=self.max_length, device=self.device, use_autocast=self.use_autocast)
 
+    def log_odds(self, texts: Sequence[str]) -> list[float]:
+        """log P(positive) − log P(negative) of each text (the gold-vs-proxy testbed's gold score)."""
+        return _positive_probs(self.model, self.tokenizer, list(texts), batch_size=self.batch_size,
+                               max_length=self.max_length, device=self.device, use_autocast=self.use_autocast,
+                               log_odds=True)
+
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
+        return self.score(self.texts(prompts, completions))
+
+    @staticmethod
+    def texts(prompts: list[str], completions: list[str]) -> list[str]:
+        """What is scored: each prompt followed by its completion."""
         if len(prompts) != len(completions):
             raise ValueError(f"SentimentReward: {len(prompts)} prompts but {len(completions)} completions")
-        return self.score([p + c for p, c in zip(prompts, completions)])
+        return [p + c for p, c in zip(prompts, completions)]
 
 
 def accuracy(path: str | os.PathLike, texts: Sequence[str], labels: Sequence[int], *, batch_size: int = 64,

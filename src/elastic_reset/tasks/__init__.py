@@ -5,6 +5,6 @@ package imports the ones that ship with it.
 """
 
 from elastic_reset.tasks.base import Task, get_task, register_task
-from elastic_reset.tasks import helpful, imdb, prompts, toy, translation, vader  # noqa: F401,E402  (registration)
+from elastic_reset.tasks import helpful, imdb, imdb_gold, prompts, toy, translation, vader  # noqa: F401,E402  (registration)
 
 __all__ = ["Task", "get_task", "register_task"]

@@ -1,0 +1,144 @@
+"""The gold of the gold-vs-proxy testbed (Gao et al. 2022, arXiv 2210.10760, §2; issue 37): a fixed scorer that
+stands in for human preference. It labels pairs of the initial policy's continuations with Bradley–Terry noise;
+proxy reward models learn from those labels (``reward-model train --data PAIRS``); RL optimises a proxy, and the gold,
+which RL never sees, shows when optimising the proxy stops improving the gold.
+
+The gold here is the IMDB sentiment classifier: its score is log P(positive) − log P(negative) of prompt +
+continuation, and P(a ≻ b) = σ((g_a − g_b) / T).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from elastic_reset.errors import ConfigError
+from elastic_reset.io import save_folder_atomically
+
+PAIRS = "pairs.jsonl"
+METRICS = "metrics.json"
+
+
+def sigmoid(x: float) -> float:
+    """σ(x) without overflow at either end."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(x) / (1.0 + math.exp(x))
+
+
+def bradley_terry_labels(gold_a: Sequence[float], gold_b: Sequence[float], temperature: float,
+                         seed: int) -> list[bool]:
+    """For each pair, whether ``a`` is preferred, drawn with P(a ≻ b) = σ((g_a − g_b) / T): T → 0 is the gold's
+    own order, a large T a coin toss."""
+    rng = random.Random(seed)
+    return [rng.random() < sigmoid((a - b) / temperature) for a, b in zip(gold_a, gold_b)]
+
+
+@dataclass
+class GoldPairsConfig:
+    """One set of gold-labelled pairs."""
+
+    n_pairs: int = 2000
+    """Prompts (the IMDB task's first train prompts), one pair of continuations each."""
+    temperature: float = 1.0
+    """T of the Bradley–Terry noise, in gold log-odds."""
+    max_new_tokens: int = 48
+    """Tokens per continuation, exactly (as the RL runs sample: ``sampling.min_new_tokens``)."""
+    max_prompt_tokens: int = 64
+    """The end of each prompt the policy sees (``model.max_prompt_tokens``)."""
+    batch_size: int = 16
+    """Prompts per generation (two continuations each)."""
+    seed: int = 0
+    """Seeds the sampling and the labels."""
+
+    def validate(self) -> None:
+        for name in ("n_pairs", "max_new_tokens", "max_prompt_tokens", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            raise ConfigError(f"temperature: expected a finite number > 0, got {self.temperature!r}")
+
+
+@torch.no_grad()
+def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig) -> list[tuple[str, str]]:
+    """Two continuations of each prompt, sampled from the full distribution (temperature 1, no top-k or top-p, as
+    the RL runs sample), ``config.max_new_tokens`` tokens each."""
+    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(config.seed)
+    pairs = []
+    for start in range(0, len(prompts), config.batch_size):
+        enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
+                        truncation=True, max_length=config.max_prompt_tokens).to(model.device)
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2,
+                             max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+        pairs.extend(zip(texts[0::2], texts[1::2]))
+    return pairs
+
+
+def label_pairs(prompts: list[str], pairs: list[tuple[str, str]], gold, config: GoldPairsConfig) -> list[dict]:
+    """The pairs as ``reward-model train`` reads them (``prompt``, ``chosen``, ``rejected``), with the gold's scores
+    of both (``gold_chosen``, ``gold_rejected``), chosen by Bradley–Terry-noisy labels. ``gold``: a
+    :class:`~elastic_reset.rewards.classifier.SentimentReward`."""
+    texts = gold.texts([p for p in prompts for _ in range(2)], [c for pair in pairs for c in pair])
+    scores = gold.log_odds(texts)
+    a_wins = bradley_terry_labels(scores[0::2], scores[1::2], config.temperature, config.seed)
+    rows = []
+    for prompt, (a, b), g_a, g_b, a_won in zip(prompts, pairs, scores[0::2], scores[1::2], a_wins):
+        (chosen, g_chosen), (rejected, g_rejected) = ((a, g_a), (b, g_b)) if a_won else ((b, g_b), (a, g_a))
+        rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected, "gold_chosen": g_chosen,
+                     "gold_rejected": g_rejected})
+    return rows
+
+
+def pairs_summary(rows: list[dict]) -> dict:
+    """How noisy the labels are: the share of pairs whose label agrees with the gold's own order (a tie counts half),
+    and the mean gap."""
+    gaps = [r["gold_chosen"] - r["gold_rejected"] for r in rows]
+    prob = [sigmoid(g) for r in rows for g in (r["gold_chosen"], r["gold_rejected"])]
+    return {"pairs": len(rows), "label_agrees_with_gold": sum((g > 0) + 0.5 * (g == 0) for g in gaps) / len(rows),
+            "mean_abs_gold_gap": sum(abs(g) for g in gaps) / len(rows),
+            "gold_p_positive_mean": sum(prob) / len(prob)}
+
+
+def build_gold_pairs(policy: str | Path, gold: str | Path, prompts: list[str], out: str | Path,
+                     config: GoldPairsConfig, force: bool = False) -> tuple[Path, dict]:
+    """Sample two continuations of each prompt from ``policy`` (a causal-LM folder), label them with the ``gold``
+    classifier (a folder) and write ``out/pairs.jsonl`` and ``out/metrics.json`` in one atomic step."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from elastic_reset.rewards.classifier import SentimentReward
+
+    config.validate()
+    out = Path(out)
+    if (out / PAIRS).exists() and not force:
+        raise FileExistsError(f"{out}: gold pairs already there; pass --force to replace them")
+    if len(prompts) < config.n_pairs:
+        raise ConfigError(f"n_pairs: {config.n_pairs} asked for, {len(prompts)} prompts available")
+    prompts = prompts[:config.n_pairs]
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(policy).eval()
+    pairs = sample_pairs(model, AutoTokenizer.from_pretrained(policy), prompts, config)
+    sampled = time.perf_counter() - started
+    rows = label_pairs(prompts, pairs, SentimentReward(gold), config)
+    metrics = {**pairs_summary(rows), "config": asdict(config), "policy": str(policy), "gold": str(gold),
+               "sample_seconds": sampled, "seconds": time.perf_counter() - started}
+
+    def write(tmp: Path) -> None:
+        (tmp / PAIRS).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        (tmp / METRICS).write_text(json.dumps(metrics, indent=1) + "\n")
+
+    save_folder_atomically(out, write)
+    return out, metrics

@@ -1,0 +1,73 @@
+"""``imdb_gold``: the gold-vs-proxy testbed (issue 37; Gao et al. 2022, arXiv 2210.10760). The IMDB task's prompts
+and drift (perplexity on held-out reviews), but the policy is trained on a *proxy*: a reward model (Bradley–Terry or
+Advantage Model) learned from pairs the gold labelled (``elastic-reset build gold-pairs``, then ``reward-model train
+--data <pairs>/pairs.jsonl``). The gold, the sentiment classifier, never trains the policy; it is measured:
+
+- ``eval/gold``, ``eval/gold_log_odds``: the gold's P(positive) and log-odds of the policy's continuations;
+- ``eval/win_rate``: the share of prompts where the gold prefers the policy's continuation to the initial policy's;
+- ``eval_forget/*``: the same on WikiText-2 paragraph openings, prompts unlike the RL prompts, where forgetting
+  shows (paper 2, Peng et al. §4.3: the alignment tax).
+
+``eval/reward`` is the proxy's score.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from elastic_reset.data.imdb import task_splits
+from elastic_reset.data.wikitext import paragraph_prompts
+from elastic_reset.errors import ConfigError
+from elastic_reset.rewards.gold import sigmoid
+from elastic_reset.tasks.base import Task, register_task
+
+
+class GoldMetrics:
+    """``metrics_fn``: the gold's mean P(positive) and mean log-odds of prompt + continuation."""
+
+    def __init__(self, gold):
+        self.gold = gold
+
+    def __call__(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
+        log_odds = self.gold.log_odds(self.gold.texts(prompts, completions))
+        return {"gold": sum(sigmoid(x) for x in log_odds) / len(log_odds),
+                "gold_log_odds": sum(log_odds) / len(log_odds)}
+
+
+@register_task("imdb_gold")
+def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None, gold: str | None = None,
+                   n_train: int | None = None, n_eval: int = 64, n_reference: int = 64, n_test: int = 0,
+                   n_forget: int = 64, seed: int = 0, reward_batch_size: int = 16) -> Task:
+    """Options: ``reward_model`` (required: the proxy, a folder from ``reward-model train``), ``gold`` (the
+    sentiment classifier folder; default the ``imdb-classifier`` build), the IMDB task's counts, ``n_forget``
+    WikiText-2 prompts for the forget set."""
+    from elastic_reset.models import IMDB_CLASSIFIER_BUILD, imdb_classifier_path
+    from elastic_reset.reward_models.reward import PreferenceModelReward
+    from elastic_reset.rewards.classifier import SentimentReward
+
+    if data_dir is None:
+        raise ConfigError("task.data_dir: the imdb_gold task reads imdb/ and wikitext2/ from it (../shared/data)")
+    if reward_model is None:
+        raise ConfigError("task.options.reward_model: the proxy is required: a folder from `elastic-reset "
+                          "reward-model train --data <gold pairs>/pairs.jsonl`")
+    if not (Path(reward_model) / "reward_model.json").is_file():
+        raise FileNotFoundError(f"task.options.reward_model: no reward model at {reward_model}")
+    gold_path = Path(gold) if gold is not None else imdb_classifier_path()
+    if not (gold_path / "config.json").is_file():
+        raise FileNotFoundError(f"task.options.gold: no sentiment classifier at {gold_path}; build it with "
+                                f"`{IMDB_CLASSIFIER_BUILD}`")
+    data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test)
+    judge = SentimentReward(gold_path)
+    return Task(
+        name="imdb_gold",
+        train_prompts=data.train_prompts,
+        eval_prompts=data.eval_prompts,
+        reward_fn=PreferenceModelReward(reward_model, batch_size=reward_batch_size),
+        reference_texts=data.reference_texts,
+        pretrain_texts=data.pretrain_texts,
+        test_prompts=data.test_prompts,
+        metrics_fn=GoldMetrics(judge),
+        judge_fn=judge,
+        eval_sets={"forget": paragraph_prompts(data_dir, n_forget, seed=seed)},
+        score_key="gold",
+    )

@@ -1,0 +1,116 @@
+"""The gold-vs-proxy testbed (issue 37): Bradley–Terry-noisy gold labels, gold-labelled pairs a proxy can learn
+from, the forget set's prompts, and the imdb_gold task run end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from elastic_reset.data.preferences import read_pairs
+from elastic_reset.data.wikitext import detokenize, paragraph_prompts
+from elastic_reset.models import byte_tokenizer, minilm_path, tiny_causal_lm
+from elastic_reset.rewards.classifier import SentimentReward
+from elastic_reset.rewards.gold import GoldPairsConfig, bradley_terry_labels, build_gold_pairs, label_pairs
+
+
+def test_bradley_terry_labels_follow_the_logistic_probability():
+    n = 20_000
+    share = sum(bradley_terry_labels([math.log(3)] * n, [0.0] * n, temperature=1.0, seed=0)) / n
+    assert share == pytest.approx(0.75, abs=0.01)  # sigma(log 3) = 3/4
+    hotter = sum(bradley_terry_labels([2 * math.log(3)] * n, [0.0] * n, temperature=2.0, seed=1)) / n
+    assert hotter == pytest.approx(0.75, abs=0.01)  # the gap is measured in units of T
+    assert all(bradley_terry_labels([0.1, 0.2], [0.0, 0.3], temperature=1e-4, seed=0) == [True, False]
+               for _ in range(3))  # T -> 0: the gold's own order
+
+
+class FakeGold:
+    """Scores a text by its count of the letter 'a' (log-odds)."""
+
+    texts = staticmethod(SentimentReward.texts)
+
+    def log_odds(self, texts):
+        return [float(t.count("a")) for t in texts]
+
+
+def test_pairs_are_labelled_by_the_gold_and_keep_its_scores():
+    prompts = ["p1 ", "p2 ", "p3 "]
+    pairs = [("aaaa", "b"), ("b", "aaaa"), ("a", "a")]
+    rows = label_pairs(prompts, pairs, FakeGold(), GoldPairsConfig(temperature=1e-4))
+    assert [(r["chosen"], r["rejected"]) for r in rows[:2]] == [("aaaa", "b"), ("aaaa", "b")]
+    assert [(r["gold_chosen"], r["gold_rejected"]) for r in rows[:2]] == [(4.0, 0.0), (4.0, 0.0)]
+    assert [r["prompt"] for r in rows] == prompts
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny byte-level policy and an untrained tiny sentiment classifier on MiniLM's tokenizer, as folders."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    root = tmp_path_factory.mktemp("gold")
+    tiny_causal_lm(seed=0).save_pretrained(root / "policy")
+    byte_tokenizer().save_pretrained(root / "policy")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    torch.manual_seed(0)
+    classifier = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
+                                                          num_hidden_layers=1, num_attention_heads=2,
+                                                          intermediate_size=64, num_labels=2))
+    classifier.save_pretrained(root / "gold")
+    tokenizer.save_pretrained(root / "gold")
+    return root
+
+
+def test_gold_pairs_are_written_as_a_preference_file_with_exact_gold_scores(tiny_models, tmp_path):
+    prompts = [f"This film was {w} and" for w in ("great", "awful", "long", "odd", "fine", "dull")]
+    config = GoldPairsConfig(n_pairs=5, temperature=1e-4, max_new_tokens=6, batch_size=2)
+    out, metrics = build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, tmp_path / "pairs", config)
+    rows = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == prompts[:5] and len(read_pairs(out / "pairs.jsonl")) <= 5
+    gold = SentimentReward(tiny_models / "gold")
+    chosen = gold.log_odds([r["prompt"] + r["chosen"] for r in rows])
+    assert chosen == pytest.approx([r["gold_chosen"] for r in rows], abs=1e-5)
+    gaps = [r["gold_chosen"] - r["gold_rejected"] for r in rows]
+    assert min(gaps) >= 0  # T -> 0: the gold's own order (the untrained classifier ties some pairs)
+    assert metrics["label_agrees_with_gold"] == (sum(g > 0 for g in gaps) + 0.5 * gaps.count(0)) / 5
+    assert json.loads((out / "metrics.json").read_text())["pairs"] == 5
+    with pytest.raises(FileExistsError, match="--force"):
+        build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config)
+
+
+def test_wikitext_prompts_are_detokenized_paragraph_openings(shared_data):
+    assert detokenize(" a guest @-@ starring role , 1 @,@ 000 times . ") == "a guest-starring role, 1,000 times."
+    prompts = paragraph_prompts(shared_data, 20, seed=0)
+    assert len(set(prompts)) == 20 and all(20 <= len(p.split(" ")) <= 40 and "@" not in p for p in prompts)
+    assert prompts == paragraph_prompts(shared_data, 20, seed=0) != paragraph_prompts(shared_data, 20, seed=1)
+
+
+def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_data, tiny_models, tmp_path):
+    from elastic_reset.evaluation.runs import TASK_FILE
+    from elastic_reset.reward_models.model import RewardModelConfig
+    from elastic_reset.reward_models.train import train_reward_model
+    from elastic_reset.rl.trainer import RLTrainer
+    from elastic_reset.tasks import get_task
+    from helpers import tiny_config
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"review {i}:", "chosen": " good" * (i % 3 + 1),
+                                         "rejected": " bad"}) + "\n" for i in range(20)))
+    proxy = tmp_path / "proxy"
+    train_reward_model(RewardModelConfig(backbone="tiny-llama", data=[str(pairs)], batch_size=4, max_tokens=64),
+                       proxy, progress=False, log=lambda _: None)
+    task = get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(proxy), gold=str(tiny_models / "gold"),
+                    n_train=16, n_eval=4, n_reference=4, n_forget=4)
+    config = tiny_config("steps=2", "eval.every=2", "eval.num_prompts=4", "eval.num_texts=4", "eval.batch_size=4",
+                         "eval.ema=false")
+    records = RLTrainer(config, tmp_path / "run", task=task).train()
+    first, last = records[0], records[-1]
+    assert first["eval/win_rate"] == first["eval_forget/win_rate"] == 0.5
+    for record in (first, last):
+        assert 0 < record["eval/gold"] < 1 and 0 < record["eval_forget/gold"] < 1
+        assert record["eval/gold"] == pytest.approx(1 / (1 + math.exp(-record["eval/gold_log_odds"])), abs=0.05)
+        assert "eval/perplexity" in record and "eval_forget/perplexity" not in record
+    assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
+    with pytest.raises(FileNotFoundError, match="task.options.reward_model"):
+        get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(tmp_path / "none"))
