@@ -114,3 +114,36 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):
         get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(tmp_path / "none"))
+
+
+def test_the_gao_fit_recovers_its_coefficients_and_peak():
+    from elastic_reset.evaluation.overoptimisation import gao_fit
+
+    d = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]
+    fit = gao_fit(d, [x * (1.5 - 0.5 * math.log(x)) if x > 0 else 0.0 for x in d])
+    assert (fit.alpha, fit.beta, fit.r2, fit.points) == pytest.approx((1.5, 0.5, 1.0, 5))
+    assert fit.peak_d == pytest.approx(math.exp(2.0)) and fit.peak_gain == pytest.approx(0.5 * math.exp(2.0))
+    assert float(fit(fit.peak_d)) == pytest.approx(fit.peak_gain)  # the curve's maximum is the peak
+    assert gao_fit([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]).peak_d is None  # a straight line never turns down
+
+
+def test_gold_and_proxy_gains_are_measured_from_step_0_and_drawn(tmp_path):
+    import numpy as np
+
+    from elastic_reset.errors import ReportError
+    from elastic_reset.evaluation.figures import plot_gold_vs_proxy
+    from elastic_reset.evaluation.overoptimisation import gold_vs_proxy
+    from elastic_reset.evaluation.runs import Run
+
+    def run(scores, score):
+        return Run(path=tmp_path, method="kl", seed=0, drift="kl_init", source="eval", steps=np.array([0, 5, 10]),
+                   rewards=np.array(scores), drifts=np.array([0.0, 1.0, 4.0]), score=score)
+
+    curves = gold_vs_proxy({"kl": [run([0.2, 1.2, 0.7], "gold_log_odds")]},
+                           {"kl": [run([-1.0, 0.0, 2.0], "reward")]})
+    assert curves["kl"]["d"].tolist() == [0.0, 1.0, 2.0]
+    assert curves["kl"]["gold"].tolist() == pytest.approx([0.0, 1.0, 0.5])
+    assert curves["kl"]["proxy"].tolist() == [0.0, 1.0, 3.0]
+    assert plot_gold_vs_proxy(curves, tmp_path / "gvp.png").stat().st_size > 1000
+    with pytest.raises(ReportError, match="methods differ"):
+        gold_vs_proxy({"kl": []}, {"er": []})

@@ -191,3 +191,28 @@ def plot_reliability(models: dict[str, dict], out_png: str | Path, split: str = 
     shares.set_xlabel("predicted P(chosen ≻ rejected) = σ(Δ)")
     shares.set_ylabel("share of predictions")
     return _save(fig, out_png)
+
+
+def plot_gold_vs_proxy(curves: dict[str, dict], out_png: str | Path) -> Path:
+    """Gao et al.'s figure, one panel per method: the gold's and the proxy's gain over the initial policy against
+    d = √KL, every evaluation of every seed, and the gold's fit R(d) = d(α − β log d)
+    (:func:`~elastic_reset.evaluation.overoptimisation.gold_vs_proxy` gives ``curves``)."""
+    from matplotlib.figure import Figure
+
+    if not curves:
+        raise ReportError("plot_gold_vs_proxy: no methods to draw")
+    fig = Figure(figsize=(3.6 * len(curves), 3.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(curves), sharey=True))
+    for ax, (name, c) in zip(axes, curves.items()):
+        fit = c["fit"]
+        ax.scatter(c["d"], c["proxy"], s=10, color="tab:orange", alpha=0.6, linewidths=0, label="proxy")
+        ax.scatter(c["d"], c["gold"], s=10, color="tab:blue", alpha=0.6, linewidths=0, label="gold")
+        grid = np.linspace(0, max(float(np.max(c["d"])), 1e-3), 100)
+        ax.plot(grid, fit(grid), color="tab:blue", label=f"gold fit α={fit.alpha:.2f} β={fit.beta:.2f}")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("d = √KL(π ‖ π_init)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    axes[0].set_ylabel("gain over the initial policy\n(gold: log-odds; proxy: its own score)")
+    return _save(fig, out_png)

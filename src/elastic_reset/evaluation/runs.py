@@ -46,6 +46,7 @@ SCORES: dict[str, str] = {
     "reward": "validation reward",
     "task_bleu": "FR→EN→DE BLEU (task)",
     "gold": "gold reward (P(positive))",  # the gold-vs-proxy testbed: eval/reward is the proxy's
+    "gold_log_odds": "gold reward (log-odds)",
 }
 """Task scores a report can put on its x axis (``eval/<key>``), with their axis labels."""
 
