@@ -20,11 +20,13 @@ import yaml
 
 from elastic_reset.cli import main
 from elastic_reset.errors import ReportError
+from elastic_reset.io import read_metrics
 from elastic_reset.evaluation.figures import drift_scale, plot_curves, plot_pareto
 from elastic_reset.evaluation.runs import group_runs, load_run
 from elastic_reset.evaluation.summary import dominance_summary, format_dominance, format_table, summarize
 from elastic_reset.rl.config import ConfigError
 from elastic_reset.rl.trainer import RLTrainer
+from helpers import evals
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -308,9 +310,9 @@ def test_compare_refuses_a_finished_cell_trained_from_another_config(grid, capsy
     assert "kl: differs from the run in" in capsys.readouterr().err
 
 
-def eval_records(run_dir: Path) -> list[tuple]:
-    return [(r["step"], r["eval/reward"], r["eval/perplexity"]) for r in map(json.loads, (run_dir / "metrics.jsonl")
-            .read_text().splitlines()) if "eval/reward" in r]
+def eval_records(run_dir: Path) -> dict[int, tuple]:
+    return {step: (r["eval/reward"], r["eval/perplexity"])
+            for step, r in evals(read_metrics(run_dir / "metrics.jsonl")).items()}
 
 
 def test_compare_jobs_trains_cells_side_by_side_to_the_same_records(grid, tmp_path):

@@ -178,17 +178,24 @@ def _write_done(cell: Cell) -> None:
     atomic_write_text(cell.run_dir / DONE, payload)
 
 
+def _start_cell(cell: Cell, main: bool = True) -> str:
+    """The cell's :func:`cell_status`, after what every start does on the main process: the label written (every
+    cell, finished ones too: grids from before label files get theirs here) and a finished cell's done marker."""
+    status = cell_status(cell)
+    if main:
+        write_label(cell)
+        if status == "done" and not (cell.run_dir / DONE).is_file():
+            _write_done(cell)
+    return status
+
+
 def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     """Bring one cell to ``steps``; returns what was done: ``skipped``, ``resumed`` or ``trained``."""
     from elastic_reset.rl.trainer import RLTrainer
 
-    status = cell_status(cell)
     main = is_main_process()  # under `accelerate launch` every rank trains the cell; rank 0 writes its files
-    if main:
-        write_label(cell)  # every cell, finished ones too (grids from before label files get theirs here)
+    status = _start_cell(cell, main)
     if status == "done":
-        if main and not (cell.run_dir / DONE).is_file():
-            _write_done(cell)
         return "skipped"
     resume = status == "partial"
     step = latest_step(cell.run_dir) if resume else None
@@ -219,11 +226,8 @@ def train_cell_process(cell: Cell, config_path: str | Path, threads: int, log: C
     """:func:`train_cell` in a child process (``elastic-reset train``), its output appended to ``<run>/train.log``;
     ``threads``: its torch threads when the config leaves them to torch (``OMP_NUM_THREADS``). Raises
     :class:`GridError` naming the log when the child fails."""
-    status = cell_status(cell)
-    write_label(cell)
+    status = _start_cell(cell)
     if status == "done":
-        if not (cell.run_dir / DONE).is_file():
-            _write_done(cell)
         return "skipped"
     resume = status == "partial"
     argv = [sys.executable, "-m", "elastic_reset.cli", "train", str(config_path), "--out", str(cell.run_dir)]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from elastic_reset.errors import ConfigError
+from elastic_reset.lm.pooling import mean_pool
 from elastic_reset.reward_models.losses import AM_MARGIN
 
 POOLING = ("last", "mean")
@@ -49,11 +50,10 @@ class PairwiseRewardModel(nn.Module):
 
     def _pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
-        mask = attention_mask.to(hidden.dtype)
         if self.pooling == "mean":
-            return (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+            return mean_pool(hidden, attention_mask)
         # The last position whose mask is 1, whichever side the padding is on.
-        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
         last = (positions * attention_mask).argmax(1)
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 

@@ -25,6 +25,7 @@ import torch
 
 from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.io import atomic_write_text
+from elastic_reset.lm.pooling import mean_pool
 from elastic_reset.lm.rollout import Rollout
 from elastic_reset.lm.scoring import pad_rows
 
@@ -69,9 +70,7 @@ def embed(texts: list[str], path: str | Path, batch_size: int = 64) -> np.ndarra
         for start in range(0, len(texts), batch_size):
             batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True, max_length=128,
                               return_tensors="pt")
-            hidden = model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+            pooled = mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
             out.append(torch.nn.functional.normalize(pooled, dim=-1))
     return torch.cat(out).numpy()
 
