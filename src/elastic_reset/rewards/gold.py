@@ -21,6 +21,9 @@ import torch
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.io import save_folder_atomically
+from elastic_reset.lm.cpu_bf16 import packed_linears
+from elastic_reset.lm.device import autocast_dtype
+from elastic_reset.lm.scoring import autocast
 
 PAIRS = "pairs.jsonl"
 METRICS = "metrics.json"
@@ -71,20 +74,23 @@ class GoldPairsConfig:
 @torch.no_grad()
 def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig) -> list[tuple[str, str]]:
     """Two continuations of each prompt, sampled from the full distribution (temperature 1, no top-k or top-p, as
-    the RL runs sample), ``config.max_new_tokens`` tokens each."""
+    the RL runs sample), ``config.max_new_tokens`` tokens each; under bf16 autocast with pre-packed weights where
+    the device computes bf16 natively, as the engine's sampler (``model.autocast: auto``)."""
     tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    dtype = autocast_dtype("auto", model.device)
     torch.manual_seed(config.seed)
     pairs = []
-    for start in range(0, len(prompts), config.batch_size):
-        enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
-                        truncation=True, max_length=config.max_prompt_tokens).to(model.device)
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2,
-                             max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-        pairs.extend(zip(texts[0::2], texts[1::2]))
+    with autocast(model, dtype), packed_linears(model, dtype, batch_hint=2 * config.batch_size):
+        for start in range(0, len(prompts), config.batch_size):
+            enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
+                            truncation=True, max_length=config.max_prompt_tokens).to(model.device)
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2,
+                                 max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id)
+            texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+            pairs.extend(zip(texts[0::2], texts[1::2]))
     return pairs
 
 
