@@ -4,7 +4,10 @@
 #   bash benchmarks/gold_vs_proxy.sh            # all stages
 #   STAGES="pairs proxies" bash benchmarks/gold_vs_proxy.sh
 # Stages:
-#   pairs     gold-labelled pairs of the IMDB policy's continuations at two sizes (N_SMALL, N_LARGE; T = 1)
+#   pairs     gold-labelled pairs of the IMDB policy's continuations at two sizes (N_SMALL, N_LARGE) with
+#             Bradley-Terry noise at T = 0.5: on the first 48 pairs built (median gold gap 0.45 log-odds) the labels
+#             then agree with the gold's own order on ~73 % of pairs (expected), as human labellers agree with each
+#             other (72.6 %, Ouyang et al. 2022); T = 1 would give 66 %, T = 0.25 81 %
 #   proxies   MiniLM proxies on each: Bradley-Terry (rm) and Advantage Model (am); their table against the gold
 #             (results/gold_vs_proxy/proxies.json)
 #   learning  learning first: RLOO against the large RM proxy, no KL, 20 iterations, 64 held-out prompts. The
@@ -23,9 +26,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${STAGES:-pairs proxies learning grid report}
-N_SMALL=${N_SMALL:-2000}
-N_LARGE=${N_LARGE:-8000}
-T=${T:-1}
+N_SMALL=${N_SMALL:-1000}
+N_LARGE=${N_LARGE:-4000}
+T=${T:-0.5}
 SEEDS=${SEEDS:-3}
 GRID=${GRID:-runs/gold_vs_proxy}
 RESULTS=${RESULTS:-results/gold_vs_proxy}
