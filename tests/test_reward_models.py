@@ -24,7 +24,7 @@ from elastic_reset.data.preferences import (
     split_by_prompt,
     split_hh_dialogue,
 )
-from elastic_reset.errors import DataFileError
+from elastic_reset.errors import ConfigError, DataFileError
 from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
 from elastic_reset.reward_models.losses import advantage, advantage_model_loss, bradley_terry_loss
 from conftest import SHARED_DATA
@@ -344,6 +344,19 @@ def write_toy_file(path, n, seed):
     return path
 
 
+def test_a_backbone_folder_whose_tokenizer_is_not_its_models_is_refused(tmp_path):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from elastic_reset.models import minilm_path
+    from elastic_reset.reward_models.model import RewardModelConfig, build_model
+
+    BertModel(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(tmp_path)  # 30,522 tokens for 100 rows
+    with pytest.raises(ConfigError, match="tokenizer has 30522 tokens but the model embeds 100"):
+        build_model(RewardModelConfig(backbone=str(tmp_path), data=["x.jsonl"]))
+
+
 def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
     from elastic_reset.reward_models.evaluate import evaluate_pairs
     from elastic_reset.reward_models.model import RewardModelConfig, load_reward_model
@@ -558,7 +571,6 @@ def test_the_build_commands_refuse_a_bad_number_while_parsing(capsys, command):
 @pytest.mark.parametrize("field, value", [("lr", -1.0), ("lr", float("nan")), ("epochs", float("inf")),
                                           ("seed", -1), ("split_seed", 2**32), ("margin", 0.0)])
 def test_reward_model_config_refuses_a_bad_number_before_anything_loads(tmp_path, monkeypatch, field, value):
-    from elastic_reset.errors import ConfigError
     from elastic_reset.reward_models import train
 
     def no_load(*args, **kwargs):

@@ -207,6 +207,10 @@ def build_model(config: RewardModelConfig):
         backbone, tokenizer, pooling = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), "mean"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    rows = backbone.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:  # ids past the embedding table: an index error mid-training, or silent garbage
+        raise ConfigError(f"backbone: {config.backbone}: its tokenizer has {len(tokenizer)} tokens but the model "
+                          f"embeds {rows}; the folder's tokenizer is not the model's")
     return PairwiseRewardModel(backbone, pooling=pooling, advantage=config.advantage), tokenizer
 
 
