@@ -1,0 +1,174 @@
+"""The anchor API (issue 38): each preset against a hand-written rule, triggers, exact state, bad settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elastic_reset.core import ElasticReset
+from elastic_reset.core.anchor import PRESETS, Anchor, Pull
+from elastic_reset.core.triggers import Every, KLBudget, Plateau
+
+
+def _params():
+    g = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(3, generator=g)), torch.nn.Parameter(torch.randn(2, 2, generator=g))]
+
+
+def _train(params, step):
+    """A deterministic stand-in for an optimizer step: move every weight by a step-dependent amount."""
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            p.add_(0.1 * (step + 1) * (i + 1) + 0.01 * torch.arange(p.numel(), dtype=p.dtype).view_as(p))
+
+
+def _run(anchor, params, steps):
+    events = []
+    for t in range(steps):
+        _train(params, t)
+        events.append(anchor.step())
+    return events
+
+
+def test_elastic_reset_preset_equals_the_elastic_reset_class():
+    a, b = _params(), _params()
+    anchor = Anchor.preset("elastic_reset", a, decay=0.9, every=3)
+    er = ElasticReset(b, decay=0.9, reset_every=3)
+    for t in range(8):
+        _train(a, t), _train(b, t)
+        assert (anchor.step() is None) == (er.step() is None)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(anchor.copy("ema").values(), er.ema))
+
+
+@pytest.mark.parametrize("name,settings", [("ref_sync", {"alpha": 0.6}), ("ref_sync", {"alpha": 1.0}),
+                                           ("ref_reset", {}), ("reset_to_init", {}), ("reset_to_ema", {"decay": 0.8}),
+                                           ("liti", {"eta": 0.3}), ("ema_anchor", {"decay": 0.8})])
+def test_each_preset_follows_its_published_rule(name, settings):
+    params = _params()
+    init = [p.detach().clone() for p in params]
+    every = None if name == "ema_anchor" else 2
+    anchor = Anchor.preset(name, params, **settings, **({"every": every} if every else {}),
+                           **({"optimizer": torch.optim.SGD(params, lr=0.1)} if name == "ref_reset" else {}))
+    # The rule by hand, on plain tensors.
+    theta, theta0 = [p.detach().clone() for p in params], [t.clone() for t in init]
+    ref, ema = [t.clone() for t in init], [t.clone() for t in init]
+    decay = settings.get("decay")
+    for t in range(5):
+        _train(params, t)
+        anchor.step()
+        _train(theta, t)
+        if decay is not None:
+            ema = [decay * e + (1 - decay) * x for e, x in zip(ema, theta)]
+        if every and (t + 1) % every == 0:
+            if name == "ref_sync":
+                a = settings["alpha"]
+                ref = [a * x + (1 - a) * r for x, r in zip(theta, ref)]
+            elif name == "ref_reset":
+                ref = [x.clone() for x in theta]
+            elif name == "reset_to_init":
+                theta = [x.clone() for x in theta0]
+            elif name == "reset_to_ema":
+                theta = [e.clone() for e in ema]
+            elif name == "liti":
+                theta0 = [(1 - settings["eta"]) * z + settings["eta"] * x for z, x in zip(theta0, theta)]
+                theta = [z.clone() for z in theta0]
+        for got, want in zip(params, theta):
+            torch.testing.assert_close(got.detach(), want)
+    if name in ("ref_sync", "ref_reset"):
+        for got, want in zip(anchor.copy("reference").values(), ref):
+            torch.testing.assert_close(got, want)
+        assert anchor.kl_reference == "reference"
+    if name == "liti":
+        for got, want in zip(anchor.copy("init").values(), theta0):
+            torch.testing.assert_close(got, want)
+    if name == "ema_anchor":
+        assert anchor.kl_reference == "ema" and anchor.num_pulls == 0
+        for got, want in zip(anchor.copy("ema").values(), ema):
+            torch.testing.assert_close(got, want)
+
+
+def test_ref_reset_drops_the_optimizer_state_and_ref_sync_keeps_it():
+    for name, dropped in (("ref_reset", True), ("ref_sync", False)):
+        params = _params()
+        opt = torch.optim.Adam(params, lr=0.1)
+        anchor = Anchor.preset(name, params, every=1, optimizer=opt)
+        sum(p.sum() for p in params).backward()
+        opt.step()
+        assert len(opt.state) == 2
+        anchor.step()
+        assert (len(opt.state) == 0) == dropped
+
+
+def test_the_kl_budget_trigger_fires_past_its_budget_with_a_cooldown():
+    trigger = KLBudget(1.0, key="kl", cooldown=3)
+    anchor = Anchor.preset("elastic_reset", _params(), decay=0.9, trigger=trigger)
+    kls = [0.5, 1.5, 2.0, 2.0, 2.0, 0.9, 1.2]
+    events = [anchor.step({"kl": kl}) for kl in kls]
+    assert [e.step for e in events if e] == [2, 5]
+    assert events[1].cause == "kl 1.5 > budget 1" and events[1].index == 1
+    assert anchor.step({}) is None  # a step that does not log the KL decides nothing
+
+
+def test_the_plateau_trigger_counts_readings_not_steps_and_restarts_after_a_pull():
+    trigger = Plateau("eval/reward", patience=2, min_delta=0.01)
+    anchor = Anchor.preset("reset_to_init", _params(), trigger=trigger)
+    logged = [{"eval/reward": 0.5}, {}, {"eval/reward": 0.6}, {"eval/reward": 0.605}, {},
+              {"eval/reward": 0.59}, {"eval/reward": 0.2}, {"eval/reward": 0.3}]
+    fired = [i + 1 for i, m in enumerate(logged) if anchor.step(m)]
+    assert fired == [6]  # 0.605 and 0.59 do not beat 0.6 by 0.01; after the pull 0.2 and 0.3 are new bests
+    assert trigger.best == pytest.approx(0.3) and trigger.stale == 0
+
+
+def test_a_trigger_of_ones_own_is_a_callable():
+    anchor = Anchor.preset("ref_sync", _params(), alpha=0.5, trigger=lambda step, m: "odd" if step % 2 else None)
+    assert [bool(anchor.step()) for _ in range(4)] == [True, False, True, False]
+
+
+def test_state_dict_continues_bit_for_bit_with_the_triggers_memory():
+    a, b = _params(), _params()
+    first = Anchor.preset("elastic_reset", a, decay=0.9, trigger=Plateau("r", patience=2))
+    for t, r in enumerate([0.1, 0.2, 0.2]):
+        _train(a, t), first.step({"r": r})
+    state = first.state_dict()
+    with torch.no_grad():
+        for x, y in zip(b, a):
+            x.copy_(y)
+    second = Anchor.preset("elastic_reset", b, decay=0.9, trigger=Plateau("r", patience=2))
+    second.load_state_dict(state)
+    for t, r in enumerate([0.2, 0.1, 0.5], start=3):
+        _train(a, t), _train(b, t)
+        assert (first.step({"r": r}) is None) == (second.step({"r": r}) is None)
+    assert first.num_pulls == second.num_pulls == 1
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_the_kl_reference_is_swapped_in_and_out_exactly():
+    params = _params()
+    anchor = Anchor.preset("ref_sync", params, alpha=0.5, every=1)
+    _train(params, 0)
+    before = [p.detach().clone() for p in params]
+    with anchor.weights("reference"):
+        assert all(torch.equal(p, r) for p, r in zip(params, anchor.copy("reference").values()))
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda p: Anchor(p, [Pull("reference", "policy", 1.5)], every=1), r"weight \(α, η\)"),
+    (lambda p: Anchor(p, [Pull("policy", "ema")], every=1), "decay: a pull reads or writes the EMA"),
+    (lambda p: Anchor(p, [Pull("reference", "policy")]), "trigger: pulls need a trigger"),
+    (lambda p: Anchor.preset("ref_reset", p, every=1), "optimizer: reset_optimizer=True"),
+    (lambda p: Anchor.preset("ref_sync", p, alpha=-0.1, every=1), r"weight \(α, η\)"),
+    (lambda p: Anchor.preset("trust_region", p), "preset: expected one of"),
+    (lambda p: Anchor(p, [Pull("policy", "policy")], every=1), "target and source are both"),
+    (lambda p: KLBudget(float("nan")), "budget"),
+])
+def test_bad_settings_are_refused_by_name(build, match):
+    with pytest.raises(ValueError, match=match):
+        build(_params())
+
+
+def test_every_preset_is_named_after_itself():
+    assert set(PRESETS) == {"elastic_reset", "reset_to_ema", "reset_to_init", "ref_sync", "ref_reset", "ema_anchor",
+                            "liti"}
+    assert Every(4)(8, {}) == "every 4 steps" and Every(4)(6, {}) is None
