@@ -172,3 +172,54 @@ def test_every_preset_is_named_after_itself():
     assert set(PRESETS) == {"elastic_reset", "reset_to_ema", "reset_to_init", "ref_sync", "ref_reset", "ema_anchor",
                             "liti"}
     assert Every(4)(8, {}) == "every 4 steps" and Every(4)(6, {}) is None
+
+
+# ------------------------------------------------------------------------------------------------- in the engine
+def test_a_hard_reference_reset_every_iteration_keeps_the_kl_to_the_reference_at_zero(tmp_path):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    reset = RLTrainer(tiny_config("steps=4", "method.name=anchor", "method.preset=ref_reset", "method.every=1"),
+                      tmp_path / "reset").train()
+    plain = RLTrainer(tiny_config("steps=4", "method.name=kl"), tmp_path / "kl").train()
+    # The KL of iteration t is taken before its update: the reference was reset to the policy at the end of t - 1.
+    assert all(abs(r["kl"]) < 1e-5 for r in reset) and all(r["reset"]["cause"] == "every 1 steps" for r in reset)
+    assert all(abs(r["kl"]) > 1e-3 for r in plain[1:])  # the per-sample estimate: either sign
+
+
+def test_a_kl_budget_resets_the_policy_when_the_kl_passes_it(tmp_path):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    config = tiny_config("steps=6", "method.name=anchor", "method.preset=reset_to_init", "method.every=null",
+                         "method.kl_budget=1e-6", "method.cooldown=2", "algo.lr=0.05")
+    records = RLTrainer(config, tmp_path).train()
+    expected, last = [], -10
+    for r in records:  # the rule, by hand, on the logged KL (a per-sample estimate: it may be negative)
+        if r["kl"] > 1e-6 and r["step"] - last >= 2:
+            expected.append(r["step"])
+            last = r["step"]
+    assert [r["step"] for r in records if "reset" in r] == expected == [2, 4, 6]  # after a reset: KL 0
+    assert all("> budget 1e-06" in r["reset"]["cause"] for r in records if "reset" in r)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["method.kl_budget=0.5"], "method.every: one trigger"),
+    (["method.every=null", "method.plateau=2", "eval.every=0"], "method.plateau: reads eval/reward"),
+    (["method.preset=ref_sync", "kl.reference=lm"], "kl.reference: preset .ref_sync. brings its own"),
+    (["method.alpha=1.5"], "method.alpha"),
+])
+def test_the_engine_refuses_an_anchor_setting_that_cannot_work(overrides, match):
+    from elastic_reset.rl.config import ConfigError
+    from helpers import tiny_config
+
+    with pytest.raises(ConfigError, match=match):
+        tiny_config("method.name=anchor", *overrides)
+
+
+def test_the_engine_offers_every_preset():
+    import typing
+
+    from elastic_reset.rl.methods import AnchorMethodConfig
+
+    assert set(typing.get_args(typing.get_type_hints(AnchorMethodConfig)["preset"])) == set(PRESETS)

@@ -345,6 +345,17 @@ def _check_rules(config: TrainConfig) -> None:
     keep_ema = [name for name, cls in METHOD_CLASSES.items() if cls.keeps_ema]
     need(config.kl.reference != "ema" or METHOD_CLASSES[config.method.name].keeps_ema, "kl.reference",
          f"'ema' needs a method that keeps an EMA ({', '.join(keep_ema)}), not {config.method.name!r}")
+    m = config.method
+    if m.name == "anchor":
+        triggers = [k for k in ("every", "kl_budget", "plateau") if getattr(m, k) is not None]
+        need(m.preset == "ema_anchor" or len(triggers) == 1, "method.every",
+             f"one trigger: every, kl_budget or plateau (set every: null to use another), got {triggers or 'none'}")
+        need(m.plateau is None or config.eval.every > 0, "method.plateau",
+             "reads eval/reward, which this run never logs (eval.every is 0)")
+        need(m.kl_budget is None or config.kl.coef > 0 or config.kl.log_every > 0, "method.kl_budget",
+             "reads kl, which this run never logs (kl.coef and kl.log_every are 0)")
+        need(config.kl.reference == "init" or m.preset not in ("ref_sync", "ref_reset", "ema_anchor"), "kl.reference",
+             f"preset {m.preset!r} brings its own KL reference; leave kl.reference at 'init'")
     rehearsal = config.rehearsal_settings()
     if rehearsal is not None:
         need(METHOD_CLASSES[config.method.name].updates_policy, "rehearsal",
@@ -734,4 +745,11 @@ def describe_fields() -> list[tuple[str, str, str, str]]:
                 walk(inner[0], f"{prefix}{f.name}.")
 
     walk(TrainConfig, "")
-    return rows
+    merged: dict[str, tuple[str, str, str, str]] = {}
+    for key, kind, default, doc in rows:  # a setting two methods share (decay): one row, each method's words
+        if key in merged:
+            _, kind0, default0, doc0 = merged[key]
+            doc = f"{doc0} {doc}" + (f" (default {default})" if default != default0 else "")
+            kind, default = kind0, default0
+        merged[key] = (key, kind, default, doc)
+    return list(merged.values())

@@ -14,6 +14,7 @@ union of them, chosen by ``method.name``. A new method is a subclass with its ``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import typing
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import torch
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from elastic_reset.core import ElasticReset, ResetEvent
+from elastic_reset.core import Anchor, ElasticReset, KLBudget, Plateau, ResetEvent
 from elastic_reset.errors import ConfigError
 from elastic_reset.rl.sections import Section
 
@@ -87,8 +88,9 @@ class DriftMethod:
     def on_epoch_end(self) -> None:
         pass
 
-    def on_iteration_end(self, step: int) -> dict[str, Any]:
-        """Called after iteration ``step`` (1-based); returns entries for its metrics record."""
+    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Called after iteration ``step`` (1-based) with its metrics so far and those of the latest evaluation
+        not seen yet (``eval/...``); returns entries for its metrics record."""
         return {}
 
     @contextmanager
@@ -96,6 +98,11 @@ class DriftMethod:
         """The policy holds the EMA weights inside the block (methods with ``keeps_ema``)."""
         raise ConfigError(f"method.name: {self.config.name!r} keeps no EMA of the policy")
         yield  # pragma: no cover
+
+    def kl_reference(self) -> contextlib.AbstractContextManager | None:
+        """A block in which the policy holds the method's own KL reference weights, or None: the run's
+        (``kl.reference``)."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -180,7 +187,7 @@ class EMAReset(KLPenalty):
         if self.config.ema_update == "epoch":
             self.ema.update()
 
-    def on_iteration_end(self, step: int) -> dict[str, Any]:
+    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         event: ResetEvent | None = self.ema.step(update_ema=self.config.ema_update == "iteration")
         if event is None:
             return {}
@@ -196,6 +203,78 @@ class EMAReset(KLPenalty):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ema.load_state_dict(state["ema"])
+
+
+@dataclass
+class AnchorMethodConfig(Section):
+    name: Literal["anchor"] = "anchor"
+    """One of the anchor family (``core/anchor.py``, issue 38), on top of the KL penalty."""
+    preset: Literal["elastic_reset", "reset_to_ema", "reset_to_init", "ref_sync", "ref_reset", "ema_anchor",
+                    "liti"] = "ref_sync"
+    """The published method: ``elastic_reset`` and its ablations ``reset_to_ema``, ``reset_to_init`` (Noukhovitch
+    et al. 2023); ``ref_sync`` (TR-DPO: the KL reference ← α·θ + (1 − α)·reference); ``ref_reset`` (ProRL: reference
+    ← θ and the optimizer's state dropped); ``ema_anchor`` (the KL to an EMA of the policy: WARP, EMA-PG); ``liti``
+    (WARP: θ0 ← (1 − η)·θ0 + η·θ, then θ ← θ0)."""
+    every: PositiveInt | None = 17
+    """Pull every this many iterations; None to pull on ``kl_budget`` or ``plateau`` instead."""
+    kl_budget: PositiveFloat | None = None
+    """Pull when the iteration's ``kl`` (to the KL reference) exceeds this, at most once every ``cooldown``
+    iterations."""
+    cooldown: PositiveInt = 1
+    """Iterations between two pulls of ``kl_budget``."""
+    plateau: PositiveInt | None = None
+    """Pull when ``eval/reward`` has not improved for this many evaluations (at the end of the iteration after the
+    evaluation that shows it)."""
+    alpha: Annotated[float, Field(ge=0, le=1)] = 0.6
+    """``ref_sync``'s α (TR-DPO, TRL's default 0.6; 1 is the hard update)."""
+    eta: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """``liti``'s η, the step of θ0 towards θ."""
+    decay: Annotated[float, Field(gt=0, lt=1)] = 0.995
+    """EMA decay (``elastic_reset``, ``reset_to_ema``, ``ema_anchor``), updated once per iteration."""
+    ema_device: Literal["cpu", "model"] = "cpu"
+    """Where the copies live (as Elastic Reset's ``ema_device``)."""
+
+
+class AnchorMethod(KLPenalty):
+    """The anchor family in the engine (:class:`~elastic_reset.core.Anchor`): its pulls count iterations, its
+    triggers read the iteration's metrics, and a preset whose KL reference is its own copy (``ref_sync``,
+    ``ref_reset``: the reference copy; ``ema_anchor``: the EMA) is swapped into the policy for the reference
+    forward. With LoRA the anchor covers the adapters, so the reference is the base with the reference adapters: a
+    hard copy is exact, a soft mix (α < 1) mixes A and B separately, which is not the mix of the products B·A."""
+
+    Config = AnchorMethodConfig
+    anchor: Anchor
+
+    def setup(self, policy: PolicyHandle) -> None:
+        c = self.config
+        trigger = (KLBudget(c.kl_budget, "kl", c.cooldown) if c.kl_budget is not None else
+                   Plateau("eval/reward", c.plateau) if c.plateau is not None else None)
+        settings: dict[str, Any] = {
+            "device": "cpu" if c.ema_device == "cpu" else next(policy.model.parameters()).device,
+            **({"trigger": trigger} if trigger is not None else {"every": c.every} if c.preset != "ema_anchor"
+               else {}),
+            **({"decay": c.decay} if c.preset in ("elastic_reset", "reset_to_ema", "ema_anchor") else {}),
+            **({"alpha": c.alpha} if c.preset == "ref_sync" else {"eta": c.eta} if c.preset == "liti" else {}),
+            **({"optimizer": policy.optimizer} if c.preset == "ref_reset" else {}),
+        }
+        self.anchor = Anchor.preset(c.preset, policy.model, **settings)
+
+    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        event = self.anchor.step(metrics)
+        if event is None:
+            return {}
+        return {"reset": {"index": event.index, "mode": self.config.preset, "cause": event.cause,
+                          "distance": event.distance}}
+
+    def kl_reference(self) -> contextlib.AbstractContextManager | None:
+        reference = self.anchor.kl_reference
+        return None if reference == "init" else self.anchor.weights(reference)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"anchor": self.anchor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.anchor.load_state_dict(state["anchor"])
 
 
 @dataclass
@@ -230,7 +309,7 @@ class NLPO(KLPenalty):
     def sampling_mask(self) -> SamplingMask:
         return SamplingMask(self.mask_model, self.config.nlpo_top_p, self.config.nlpo_min_tokens)
 
-    def on_iteration_end(self, step: int) -> dict[str, Any]:
+    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         if step % self.config.nlpo_update_every:
             return {}
         with torch.no_grad():
@@ -311,7 +390,8 @@ class Frozen(DriftMethod):
     updates_policy = False
 
 
-_CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, NLPO, Multitask, SelectiveRehearsal, Frozen]
+_CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, AnchorMethod, NLPO, Multitask,
+                                      SelectiveRehearsal, Frozen]
 """Every method; a new one is one more entry."""
 
 METHOD_CLASSES: dict[str, type[DriftMethod]] = {

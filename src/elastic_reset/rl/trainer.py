@@ -140,6 +140,7 @@ class RLTrainer:
         # data-parallel rank draws its own samples; rank 0's stream is the single-process one.
         self.generator = torch.Generator(self.device).manual_seed(config.seed + 1_000_033 * self.dp.rank)
         self.step = 0
+        self._unseen_eval: dict[str, float] = {}  # the latest evaluation, until the method has seen it
         self.data_epoch, self.data_index = 0, 0
         self.metrics = self.run.metrics
         self._trackers: Trackers | None = None
@@ -282,8 +283,9 @@ class RLTrainer:
             alone = Rollout(query_ids=start, query_mask=torch.ones_like(start), response_ids=rollout.response_ids,
                             response_mask=rollout.response_mask, logprobs=rollout.logprobs)
             return self.policy.score(alone, self.reference_lm, masked=False).logprobs
-        if self.config.kl.reference == "ema":
-            with self.method.ema_weights():
+        own = self.method.kl_reference()  # an anchor's reference copy or EMA, swapped into the policy
+        if own is not None or self.config.kl.reference == "ema":
+            with own if own is not None else self.method.ema_weights():
                 return self.policy.score(rollout, masked=False).logprobs
         with self.reference.model() as ref:
             return self.policy.score(rollout, ref, masked=False).logprobs
@@ -386,7 +388,8 @@ class RLTrainer:
             values = [st[key] for st in stats if key in st]
             record[key] = sum(values) / len(values)
         record.update({f"reward_model/{key}": float(value) for key, value in learned.items()})
-        record.update(self.method.on_iteration_end(self.step))
+        record.update(self.method.on_iteration_end(self.step, {**self._unseen_eval, **record}))
+        self._unseen_eval = {}
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
 
@@ -451,6 +454,7 @@ class RLTrainer:
         state = {
             "step": self.step,
             "data": {"epoch": self.data_epoch, "index": self.data_index},
+            "unseen_eval": dict(self._unseen_eval),
             "trainable": {n: p.detach().clone() for n, p in trainable_named_parameters(self.model)},
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "optimizer": self.optimizer.state_dict(),
@@ -507,6 +511,7 @@ class RLTrainer:
         random.setstate(state["python_rng"])
         self.step = int(state["step"])
         self.data_epoch, self.data_index = int(state["data"]["epoch"]), int(state["data"]["index"])
+        self._unseen_eval = {k: float(v) for k, v in state.get("unseen_eval", {}).items()}  # older runs: none
 
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0; every rank takes part). Returns its path, None on other ranks."""
@@ -538,6 +543,9 @@ class RLTrainer:
             record = {"step": self.step, **(self.evaluator.test() if test else self.evaluate())}
             self._log(record)
         self.dp.barrier()
+        if not test:  # what the method's triggers see at the next iteration's end, the same on every rank
+            shared = self.dp.gather_object(record)[0] if self.dp.enabled else record
+            self._unseen_eval = {k: v for k, v in shared.items() if isinstance(v, (int, float)) and k != "step"}
         return record
 
     def train(self) -> list[dict[str, Any]]:
