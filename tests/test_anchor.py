@@ -223,3 +223,16 @@ def test_the_engine_offers_every_preset():
     from elastic_reset.rl.methods import AnchorMethodConfig
 
     assert set(typing.get_args(typing.get_type_hints(AnchorMethodConfig)["preset"])) == set(PRESETS)
+
+
+def test_an_external_reference_is_written_in_place_and_must_match_the_covered_shapes():
+    params = _params()
+    reference = [torch.zeros_like(p, dtype=torch.float64) for p in params]  # the caller's, in its own dtype
+    anchor = Anchor.preset("ref_reset", params, every=1, optimizer=torch.optim.SGD(params, lr=0.1),
+                           reference=reference)
+    _train(params, 0)
+    anchor.step()
+    assert all(torch.equal(r, p.detach().double()) for r, p in zip(reference, params))
+    assert anchor.distance("policy", "reference") == 0.0
+    with pytest.raises(ValueError, match="reference: expected 2 tensors shaped"):
+        Anchor.preset("ref_sync", params, every=1, reference=[torch.zeros(3)])

@@ -21,7 +21,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from elastic_reset.integrations import trl as integration
-from elastic_reset.integrations.trl import EMA_DIR, STATE_FILE, ElasticResetCallback
+from elastic_reset.integrations.trl import EMA_DIR, STATE_FILE, ElasticResetCallback, ReferenceSyncCallback
 from elastic_reset.lm.lora import add_lora
 from elastic_reset.models import byte_tokenizer, tiny_causal_lm
 
@@ -213,6 +213,58 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
     params = dict(saved.named_parameters())
     assert all(torch.equal(params[n], e) for n, e in zip(er.names, er.ema))
     assert AutoTokenizer.from_pretrained(tmp_path / EMA_DIR).eos_token_id == byte_tokenizer().eos_token_id
+
+
+def _lora_grpo(output_dir, callbacks, steps=4, model=None):
+    trl = pytest.importorskip("trl")
+    peft = pytest.importorskip("peft")
+    model = model or add_lora(tiny_causal_lm(hidden=64, layers=2), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    args = trl.GRPOConfig(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, seed=0, learning_rate=1e-2,
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=8, max_steps=steps,
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, gradient_checkpointing=False,
+        beta=0.1,  # a KL reference to sync: with a PeftModel TRL keeps it as a frozen "ref" adapter
+    )
+    return trl.GRPOTrainer(model=model, reward_funcs=_byte_mean_reward, args=args, processing_class=byte_tokenizer(),
+                           train_dataset=Dataset.from_dict({"prompt": ["hello", "abc", "xyz", "qq"] * 4}),
+                           callbacks=callbacks)
+
+
+def test_grpo_with_lora_syncs_its_reference_adapter_by_the_tr_dpo_rule(tmp_path):
+    recorder = Recorder()  # before the callback: the adapters after each optimizer step
+    callback = ReferenceSyncCallback("ref_sync", every=2, alpha=0.5)
+    trainer = _lora_grpo(tmp_path, [recorder, callback])
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".default." in n}
+    trainer.train()
+    ref = {n: start[n] for n in start}
+    for step in (2, 4):  # ref <- alpha * theta + (1 - alpha) * ref, every 2 steps
+        ref = {n: 0.5 * recorder.weights[step][n] + 0.5 * ref[n] for n in ref}
+    model = trainer.model
+    got = {n: model.get_parameter(n.replace(".default.", ".ref.")).detach() for n in ref}
+    _assert_weights(got, ref)
+    assert [e.step for e in callback.events] == [2, 4] and len(callback.anchor.names) == 8
+    assert not any(p.requires_grad for n, p in model.named_parameters() if ".ref." in n)
+    assert [h["anchor/pulls"] for h in trainer.state.log_history if "loss" in h] == [0, 1, 1, 2]
+
+
+def test_a_hard_reference_reset_every_step_zeroes_the_kl_trl_logs(tmp_path):
+    reset = _lora_grpo(tmp_path / "reset", [ReferenceSyncCallback("ref_reset", every=1)], steps=3)
+    reset.train()
+    plain = _lora_grpo(tmp_path / "plain", [], steps=3)
+    plain.train()
+    kl = [[h["kl"] for h in t.state.log_history if "kl" in h] for t in (reset, plain)]
+    # Step 1's reference is the starting adapter either way; from step 2 on, the reset one is the policy itself.
+    assert all(abs(k) < 1e-6 for k in kl[0][1:]) and all(abs(k) > 1e-6 for k in kl[1][1:])
+
+
+def test_reference_sync_refuses_a_trainer_without_a_reference(tmp_path):
+    with pytest.raises(ValueError, match="preset"):
+        ReferenceSyncCallback("elastic_reset")
+    with pytest.raises(ValueError, match=r"weight \(α, η\)"):
+        ReferenceSyncCallback("ref_sync", alpha=2.0)
+    with pytest.raises(ValueError, match="no reference model"):
+        integration._policy_and_reference(tiny_causal_lm(hidden=64, layers=2), SimpleNamespace(ref_model=None))
 
 
 # ---------------------------------------------------------------------------------------------- plain HF Trainer

@@ -91,13 +91,17 @@ class Anchor:
         reset_optimizer: drop ``optimizer``'s state of the covered tensors after each pull (ProRL).
         kl_reference: which copy is the KL reference (``init``, ``ema`` or ``reference``); default
             ``reference`` when a pull writes it, else ``init``.
+        reference: live tensors that *are* the KL reference, one per covered tensor, same shapes (a TRL reference
+            adapter, a reference model's parameters): pulls then write them in place, on their own device and
+            dtype, instead of a private copy.
     """
 
     def __init__(self, model_or_params: nn.Module | Iterable, pulls: Sequence[Pull] = (), trigger=None, *,
                  every: int | None = None, decay: float | None = None, reset_optimizer: bool = False,
                  optimizer: torch.optim.Optimizer | None = None, kl_reference: str | None = None,
                  device: str | torch.device = "cpu", exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
-                 dtype: torch.dtype = torch.float32, name: str = "custom"):
+                 dtype: torch.dtype = torch.float32, name: str = "custom",
+                 reference: Sequence[torch.Tensor] | None = None):
         self.pulls = tuple(pulls)
         if every is not None:
             if trigger is not None:
@@ -142,6 +146,15 @@ class Anchor:
             init = [self._host(t.to(self.device, dtype, copy=True)) for t in self._locals()]
             self.copies: dict[str, list[torch.Tensor]] = {
                 c: (init if c == "init" else [self._host(t.clone()) for t in init]) for c in COPIES if c in used}
+        self.external = reference is not None
+        """Whether ``reference`` is the caller's live tensors rather than a copy of this anchor's."""
+        if reference is not None:
+            reference = [_local(t).detach() for t in reference]
+            shapes = [tuple(t.shape) for t in self._locals()]
+            if [tuple(t.shape) for t in reference] != shapes:
+                raise ValueError(f"reference: expected {len(shapes)} tensors shaped as the covered ones, got "
+                                 f"{len(reference)} (shapes differ: {[tuple(t.shape) for t in reference][:3]} ...)")
+            self.copies["reference"] = reference
         self._direct = all(t.device == self.device and t.dtype == dtype for t in self._locals())
         self._buffer: list[torch.Tensor] | None = None
 
@@ -176,7 +189,12 @@ class Anchor:
         return self._buffer
 
     def _tensors(self, end: str) -> list[torch.Tensor]:
-        return self._policy_in_copy_space() if end == "policy" else self.copies[end]
+        """``end``'s tensors on the copies' device and dtype (an external reference converted)."""
+        if end == "policy":
+            return self._policy_in_copy_space()
+        if end == "reference" and self.external:
+            return [t.to(self.device, self.dtype) for t in self.copies[end]]
+        return self.copies[end]
 
     def copy(self, name: str) -> dict[str, torch.Tensor]:
         """A copy's tensors by parameter name (fp32, on :attr:`device`; this rank's shards under FSDP2)."""
@@ -239,12 +257,10 @@ class Anchor:
             source = self._tensors(p.source)
             if p.source == "policy":
                 source = [t.clone() for t in source]  # a buffer or the live weights: frozen for this pull
-            if p.target == "policy":
-                target = self._locals()
+            target = self._locals() if p.target == "policy" else self.copies[p.target]
+            if p.target == "policy" or (p.target == "reference" and self.external):  # on the target's own device
                 source = [s.to(t.device, t.dtype, non_blocking=self._pinned) for s, t in zip(source, target)]
                 self._sync()
-            else:
-                target = self.copies[p.target]
             if p.weight == 1.0:
                 torch._foreach_copy_(target, source)
             else:
@@ -276,7 +292,8 @@ class Anchor:
                                      f"expected {tuple(mine.shape)}")
         with torch.no_grad():
             for key, tensors in state["copies"].items():
-                torch._foreach_copy_(self.copies[key], [t.to(self.device, self.dtype) for t in tensors])
+                torch._foreach_copy_(self.copies[key], [t.to(m.device, m.dtype) for t, m in zip(tensors,
+                                                                                            self.copies[key])])
         self.num_steps, self.num_pulls = int(state["num_steps"]), int(state["num_pulls"])
         if state.get("trigger") is not None and hasattr(self.trigger, "load_state_dict"):
             self.trigger.load_state_dict(state["trigger"])

@@ -172,14 +172,8 @@ class ElasticResetCallback(TrainerCallback):
         """Put ``elastic_reset/resets`` and ``elastic_reset/distance`` into ``logs`` and the last history entry."""
         if self.elastic_reset is None or logs is None:
             return
-        metrics = {"elastic_reset/resets": self.elastic_reset.num_resets,
-                   "elastic_reset/distance": self.elastic_reset.distance()}
-        # Trainer.log appended {**logs, "step": global_step} to log_history *before* calling on_log, so updating
-        # `logs` in place reaches the later callbacks but not the history: update its last entry too.
-        history = state.log_history
-        if history and history[-1].get("step") == state.global_step and set(logs) <= set(history[-1]):
-            history[-1].update(metrics)
-        logs.update(metrics)
+        _add_to_logs(state, logs, {"elastic_reset/resets": self.elastic_reset.num_resets,
+                                   "elastic_reset/distance": self.elastic_reset.distance()})
 
     def on_save(self, args, state, control, **kwargs):
         if self.elastic_reset is None:
@@ -254,6 +248,16 @@ class ElasticResetCallback(TrainerCallback):
         self.events = [ResetEvent(**e) for e in saved["events"]]
 
 
+def _add_to_logs(state, logs: dict, metrics: dict) -> None:
+    """``metrics`` into ``logs`` and into the history entry made of them. Trainer.log appended {**logs, "step":
+    global_step} to log_history *before* calling on_log, so updating ``logs`` in place reaches the later callbacks
+    but not the history: its last entry is updated too."""
+    history = state.log_history
+    if history and history[-1].get("step") == state.global_step and set(logs) <= set(history[-1]):
+        history[-1].update(metrics)
+    logs.update(metrics)
+
+
 class _LogsFirst(TrainerCallback):
     """Runs first among the trainer's callbacks and adds ``owner``'s metrics to each log, so that the reporting
     integrations, which run before the user's callbacks, log them too."""
@@ -295,3 +299,111 @@ def _training_frame() -> Any | None:
             return frame
         frame = frame.f_back
     return None
+
+
+ANCHOR_FILE = "anchor.pt"
+"""The file :class:`ReferenceSyncCallback` adds to each ``checkpoint-{global_step}`` folder."""
+
+
+class ReferenceSyncCallback(TrainerCallback):
+    """TR-DPO's reference sync (``preset="ref_sync"``: ref ← α·θ + (1 − α)·ref every ``every`` optimizer steps)
+    or ProRL's reference reset (``"ref_reset"``: ref ← θ, the optimizer's state dropped) in TRL's GRPO and RLOO
+    trainers, LoRA included: the case TRL's own ``sync_ref_model`` refuses (TRL issue #3108).
+
+    Where the reference is, as TRL 1.16 computes its log-probs (``GRPOTrainer`` and ``RLOOTrainer``: the trainer's
+    ``ref_model`` if it has one, else the peft model under ``use_adapter(model, "ref" if "ref" in
+    model.peft_config else None)``):
+
+    - a peft model: the ``ref`` adapter. TRL adds one (a frozen copy of ``default``) when given a ``PeftModel``
+      with ``beta > 0``; with a fresh adapter (``peft_config=``) there is none and the reference is the base model,
+      so this callback adds it when training begins, a frozen copy of ``default`` (the base itself while LoRA's B
+      is zero). A hard update (α = 1, ``ref_reset``) makes the reference exactly the policy; a soft one mixes A and
+      B separately, which is not the mix of the products B·A (the exact mix has rank 2r): an approximation, said
+      here rather than hidden.
+    - a full model: ``trainer.ref_model``'s parameters, matched by name. With ``beta = 0`` there is no reference,
+      and the callback refuses to start.
+
+    Checkpoints get ``anchor.pt`` (the reference tensors and counters); a resumed run loads it back, since TRL
+    rebuilds its ``ref`` adapter from the resumed ``default``, which is not the reference the run had.
+    Logs ``anchor/pulls``; each pull is logged at WARNING level and kept in :attr:`events`.
+    """
+
+    def __init__(self, preset: str = "ref_sync", every: int = 512, alpha: float = 0.6, trigger=None):
+        if preset not in ("ref_sync", "ref_reset"):
+            raise ValueError(f"preset: expected 'ref_sync' or 'ref_reset', got {preset!r}")
+        self.preset = preset
+        self.settings = {"trigger": trigger} if trigger is not None else {"every": every}
+        if preset == "ref_sync":
+            self.settings["alpha"] = alpha
+        probe = torch.nn.Parameter(torch.zeros(1))  # bad settings fail now, not when training begins
+        self._build([("probe", probe)], [probe.detach().clone()], torch.optim.SGD([probe], lr=0.0))
+        self.anchor = None
+        self.events: list = []
+
+    def _build(self, covered, reference, optimizer):
+        from elastic_reset.core import Anchor
+
+        extra = {"optimizer": optimizer} if self.preset == "ref_reset" else {}
+        return Anchor.preset(self.preset, covered, reference=reference, **self.settings, **extra)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if model is None:
+            raise ValueError("ReferenceSyncCallback: the trainer passed no model to on_train_begin")
+        covered, reference = _policy_and_reference(model, _training_trainer())
+        self.anchor = self._build(covered, reference, optimizer)
+        self.events = []
+        if state.global_step > 0:
+            folder = _resumed_checkpoint() or os.path.join(args.output_dir,
+                                                           f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            path = os.path.join(folder, ANCHOR_FILE)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}: no reference state to resume from (the checkpoint was saved "
+                                        "without ReferenceSyncCallback)")
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            self.anchor.load_state_dict(saved["anchor"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        event = self.anchor.step()
+        if event is not None:
+            self.events.append(event)
+            logger.warning("%s #%d at step %d (%s): the reference moved %.4g", self.preset, event.index,
+                           state.global_step, event.cause, event.distance)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.anchor is not None and logs is not None:
+            _add_to_logs(state, logs, {"anchor/pulls": self.anchor.num_pulls})
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.anchor is None or not args.should_save:
+            return
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        atomic_write(os.path.join(folder, ANCHOR_FILE),
+                     lambda f: torch.save({"format": 1, "anchor": self.anchor.state_dict()}, f))
+
+
+def _policy_and_reference(model, trainer) -> tuple[list, list]:
+    """(the policy's trainable ``(name, tensor)`` pairs, the reference tensors that match them): the ``ref``
+    adapter of a peft model (added, as a frozen copy of ``default``, if TRL did not), else the trainer's
+    ``ref_model``."""
+    if hasattr(model, "peft_config"):
+        if "ref" not in model.peft_config:
+            model.add_adapter("ref", model.peft_config["default"])
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if ".default." in name:
+                        model.get_parameter(name.replace(".default.", ".ref.")).copy_(param)
+        covered = [(n, p) for n, p in model.named_parameters() if ".default." in n and p.requires_grad]
+        reference = [model.get_parameter(n.replace(".default.", ".ref.")) for n, _ in covered]
+        for r in reference:
+            r.requires_grad_(False)
+        return covered, reference
+    ref_model = getattr(trainer, "ref_model", None)
+    if ref_model is None:
+        raise ValueError("ReferenceSyncCallback: the trainer has no reference model (beta = 0?): there is nothing "
+                         "to sync")
+    ref = dict(ref_model.named_parameters())
+    covered = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n, _ in covered if n not in ref]
+    if missing:
+        raise ValueError(f"ReferenceSyncCallback: the reference model has no parameter {missing[0]!r}")
+    return covered, [ref[n] for n, _ in covered]
