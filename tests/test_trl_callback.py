@@ -215,7 +215,7 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / EMA_DIR).eos_token_id == byte_tokenizer().eos_token_id
 
 
-def _lora_grpo(output_dir, callbacks, steps=4, model=None):
+def _lora_grpo(output_dir, callbacks, steps=4, model=None, save_steps=None):
     trl = pytest.importorskip("trl")
     peft = pytest.importorskip("peft")
     model = model or add_lora(tiny_causal_lm(hidden=64, layers=2), peft.LoraConfig(
@@ -223,7 +223,8 @@ def _lora_grpo(output_dir, callbacks, steps=4, model=None):
     args = trl.GRPOConfig(
         output_dir=str(output_dir), use_cpu=True, bf16=False, seed=0, learning_rate=1e-2,
         per_device_train_batch_size=2, num_generations=2, max_completion_length=8, max_steps=steps,
-        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, gradient_checkpointing=False,
+        logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        report_to="none", disable_tqdm=True, gradient_checkpointing=False,
         beta=0.1,  # a KL reference to sync: with a PeftModel TRL keeps it as a frozen "ref" adapter
     )
     return trl.GRPOTrainer(model=model, reward_funcs=_byte_mean_reward, args=args, processing_class=byte_tokenizer(),
@@ -256,6 +257,23 @@ def test_a_hard_reference_reset_every_step_zeroes_the_kl_trl_logs(tmp_path):
     kl = [[h["kl"] for h in t.state.log_history if "kl" in h] for t in (reset, plain)]
     # Step 1's reference is the starting adapter either way; from step 2 on, the reset one is the policy itself.
     assert all(abs(k) < 1e-6 for k in kl[0][1:]) and all(abs(k) > 1e-6 for k in kl[1][1:])
+
+
+def test_reference_sync_resumes_with_the_reference_it_had(tmp_path):
+    def ref(trainer):
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".ref." in n}
+
+    full = _lora_grpo(tmp_path, [ReferenceSyncCallback("ref_sync", every=3, alpha=0.5)], save_steps=2)
+    full.train()
+    assert (tmp_path / "checkpoint-2" / integration.ANCHOR_FILE).is_file()
+    resumed = _lora_grpo(tmp_path / "resumed", [ReferenceSyncCallback("ref_sync", every=3, alpha=0.5)])
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    # The pull at step 3 mixed into the reference of before the interruption, not a copy of the resumed adapter.
+    _assert_weights(ref(resumed), ref(full))
+    (tmp_path / "checkpoint-2" / integration.ANCHOR_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="no reference state to resume from"):
+        _lora_grpo(tmp_path / "again", [ReferenceSyncCallback("ref_sync", every=3)]).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
 
 
 def test_reference_sync_refuses_a_trainer_without_a_reference(tmp_path):
