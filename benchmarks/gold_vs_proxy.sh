@@ -79,6 +79,19 @@ for r in rows:
 print(f"proxy gain {proxy_gain:+.3f}, peak gold gain {gold_gain:+.3f}: {'learns' if learns else 'DOES NOT LEARN'}")
 sys.exit(0 if learns else 3)
 PY
+  .venv/bin/python - "$run" "$RESULTS/learning.png" <<'PY'
+import sys
+from elastic_reset.evaluation.figures import plot_gold_vs_proxy
+from elastic_reset.evaluation.overoptimisation import gold_vs_proxy
+from elastic_reset.evaluation.runs import load_run
+name = "RLOO, no KL, RM proxy (4,000 pairs)"
+gold = {name: [load_run(sys.argv[1], score="gold_log_odds", drift="kl_init")]}
+proxy = {name: [load_run(sys.argv[1], score="reward", drift="kl_init")]}
+fit = gold_vs_proxy(gold, proxy)
+plot_gold_vs_proxy(fit, sys.argv[2])
+f = fit[name]["fit"]
+print(f"Gao fit of the gold: alpha {f.alpha:.3f}, beta {f.beta:.3f}, R^2 {f.r2:.3f}, peak d {f.peak_d}")
+PY
 fi
 
 if has grid; then

@@ -10,8 +10,8 @@ Per run, from its evaluations on the 64 held-out IMDB prompts (every 5 iteration
 - ``peak_gold``: the highest ``eval/gold`` (the gold's P(positive)) over the run; ``final_gold``: at the last step;
 - ``drop``: ``peak_gold − final_gold``, the gold lost after its peak (over-optimisation);
 - ``final_perplexity`` (held-out reviews), ``final_kl`` (to the initial policy), ``final_win_rate`` (the gold
-  prefers the policy's continuation to the initial policy's) and ``final_forget_win_rate`` (the same on WikiText-2
-  openings, the forget set).
+  prefers the policy's continuation to the initial policy's), ``final_forget_win_rate`` (the same on WikiText-2
+  openings, the forget set) and ``final_forget_kl`` (the KL to the initial policy on the forget set).
 
 Rules (written before the grid; "A > B" means A's mean exceeds B's by more than 2 standard errors of the
 difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so):
@@ -24,9 +24,13 @@ difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so)
     If no RM run over-optimises (mean drop below 0.02 at both β), the verdict is *not testable here*.
 (c) Selective Rehearsal lowers the alignment tax at equal gold: for each pair (``selective_rehearsal`` vs ``kl``,
     ``er_sr`` vs ``elastic_reset``) and proxy, SR *wins* when final_gold(SR) ≈ or > final_gold(base) and
-    (final_forget_win_rate(SR) > base's or final_perplexity(SR) < base's); it *loses* when its final gold is
-    lower (> 2 SE) or it is worse on both measures. *Holds* when it wins in all four, *in part* when it wins at
-    least once and never loses, *does not hold* otherwise.
+    (final_perplexity(SR) < base's or final_forget_kl(SR) < base's); it *loses* when its final gold is lower
+    (> 2 SE) or it is worse on both measures. *Holds* when it wins in all four, *in part* when it wins at least
+    once and never loses, *does not hold* otherwise.
+    Amended after the learning check and before any grid run: the first version used the forget set's gold win
+    rate instead of its KL, but in the learning run that win rate rose with the drift (0.50 -> 1.00 in 20
+    iterations while the held-out perplexity went 41 -> 92): a sentiment gold prefers the more positive Wikipedia
+    continuation too, so there it measures the reward's transfer, not what was forgotten. It is still reported.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from elastic_reset.io import read_metrics
 
 PROXIES = ("rm", "am")
 MEASURES = ("peak_gold", "final_gold", "drop", "final_perplexity", "final_kl", "final_win_rate",
-            "final_forget_win_rate")
+            "final_forget_win_rate", "final_forget_kl")
 DROP_FLOOR = 0.02
 
 
@@ -55,7 +59,8 @@ def run_measures(run_dir: Path) -> dict[str, float]:
     peak = max(r["eval/gold"] for r in evals)
     return {"peak_gold": peak, "final_gold": last["eval/gold"], "drop": peak - last["eval/gold"],
             "final_perplexity": last["eval/perplexity"], "final_kl": last["eval/kl_init"],
-            "final_win_rate": last["eval/win_rate"], "final_forget_win_rate": last["eval_forget/win_rate"]}
+            "final_win_rate": last["eval/win_rate"], "final_forget_win_rate": last["eval_forget/win_rate"],
+            "final_forget_kl": last["eval_forget/kl_init"]}
 
 
 def mean_se(values: list[float]) -> dict[str, float]:
@@ -153,16 +158,17 @@ def verdict_c(summary: dict) -> tuple[str, list[str]]:
                 continue
             total += 1
             gold_ok = not greater(b["final_gold"], a["final_gold"])
-            better = [greater(a["final_forget_win_rate"], b["final_forget_win_rate"]),
-                      greater(b["final_perplexity"], a["final_perplexity"])]
-            worse = [greater(b["final_forget_win_rate"], a["final_forget_win_rate"]),
-                     greater(a["final_perplexity"], b["final_perplexity"])]
+            better = [greater(b["final_perplexity"], a["final_perplexity"]),
+                      greater(b["final_forget_kl"], a["final_forget_kl"])]
+            worse = [greater(a["final_perplexity"], b["final_perplexity"]),
+                     greater(a["final_forget_kl"], b["final_forget_kl"])]
             win, loss = gold_ok and any(better), not gold_ok or all(worse)
             wins, losses = wins + win, losses + loss
             lines.append(f"- {proxy}, {sr} vs {base_name}: **{'win' if win else 'loss' if loss else 'neither'}** — "
-                         f"final gold {fmt(a['final_gold'])} vs {fmt(b['final_gold'])}; forget-set win rate "
-                         f"{fmt(a['final_forget_win_rate'])} vs {fmt(b['final_forget_win_rate'])}; final perplexity "
-                         f"{fmt(a['final_perplexity'], 1)} vs {fmt(b['final_perplexity'], 1)}")
+                         f"final gold {fmt(a['final_gold'])} vs {fmt(b['final_gold'])}; final perplexity "
+                         f"{fmt(a['final_perplexity'], 1)} vs {fmt(b['final_perplexity'], 1)}; forget-set KL "
+                         f"{fmt(a['final_forget_kl'], 2)} vs {fmt(b['final_forget_kl'], 2)} (its gold win rate "
+                         f"{fmt(a['final_forget_win_rate'])} vs {fmt(b['final_forget_win_rate'])})")
     return claim(wins, losses, total), lines
 
 
