@@ -175,13 +175,17 @@ def test_every_preset_is_named_after_itself():
 
 
 # ------------------------------------------------------------------------------------------------- in the engine
-def test_a_hard_reference_reset_every_iteration_keeps_the_kl_to_the_reference_at_zero(tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_hard_reference_reset_every_iteration_keeps_the_kl_to_the_reference_at_zero(tmp_path, lora):
     from elastic_reset.rl.trainer import RLTrainer
     from helpers import tiny_config
 
-    reset = RLTrainer(tiny_config("steps=4", "method.name=anchor", "method.preset=ref_reset", "method.every=1"),
-                      tmp_path / "reset").train()
-    plain = RLTrainer(tiny_config("steps=4", "method.name=kl"), tmp_path / "kl").train()
+    model = {"model": {"lora": {"r": 4, "alpha": 8}}} if lora else {}  # LoRA: the reference adapters swapped in
+    trainer = RLTrainer(tiny_config("steps=4", "method.name=anchor", "method.preset=ref_reset", "method.every=1",
+                                    **model), tmp_path / "reset")
+    assert all("lora_" in n for n in trainer.method.anchor.names) == lora
+    reset = trainer.train()
+    plain = RLTrainer(tiny_config("steps=4", "method.name=kl", **model), tmp_path / "kl").train()
     # The KL of iteration t is taken before its update: the reference was reset to the policy at the end of t - 1.
     assert all(abs(r["kl"]) < 1e-5 for r in reset) and all(r["reset"]["cause"] == "every 1 steps" for r in reset)
     assert all(abs(r["kl"]) > 1e-3 for r in plain[1:])  # the per-sample estimate: either sign
