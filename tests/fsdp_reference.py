@@ -2,7 +2,7 @@
 
 import torch
 
-from elastic_reset.core import ElasticReset
+from elastic_reset.core import Anchor, ElasticReset
 
 STEPS = 5
 
@@ -36,3 +36,22 @@ def train(model, rows: slice = slice(None)) -> tuple[list[float], ElasticReset, 
         event = er.step()
         distances.append(er.distance() if event is None else event.distance)
     return distances, er, optimizer
+
+
+def train_anchor(model, rows: slice = slice(None)) -> tuple[list[float], list[float]]:
+    """The same SGD with WARP's LITI (θ0 ← (1 − η)·θ0 + η·θ, then θ ← θ0, every 2 steps) beside a TR-DPO reference
+    sync: returns ‖θ − θ0‖ after each step and ‖θ − ref‖ of the sync's copy (collectives under FSDP2)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    liti = Anchor.preset("liti", model, eta=0.5, every=2)
+    sync = Anchor.preset("ref_sync", model, alpha=0.5, every=3)
+    x, y = (t[rows] for t in batch())
+    to_init, to_ref = [], []
+    for _ in range(STEPS):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        liti.step()
+        sync.step()
+        to_init.append(liti.distance("policy", "init"))
+        to_ref.append(sync.distance("policy", "reference"))
+    return to_init, to_ref

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_reference import STEPS, make_model, train  # noqa: E402
+from fsdp_reference import STEPS, make_model, train, train_anchor  # noqa: E402
 
 
 def main() -> None:
@@ -32,9 +32,16 @@ def main() -> None:
     full = {n: p.full_tensor() for n, p in model.named_parameters()}
     torch.save(er.state_dict(), out / f"state{rank}.pt")
     resumed = callback_round_trip(er, model, optimizer, out, rank)
+    anchored = make_model()
+    for layer in anchored:
+        fully_shard(layer)
+    fully_shard(anchored)
+    to_init, to_ref = train_anchor(anchored, slice(rank * 4, (rank + 1) * 4))
+    anchored_full = {n: p.full_tensor() for n, p in anchored.named_parameters()}
     if rank == 0:
         torch.save({"weights": full, "distances": distances, "resets": er.num_resets,
-                    "sharded": er.is_sharded, "callback_resumed": resumed}, out / "fsdp.pt")
+                    "sharded": er.is_sharded, "callback_resumed": resumed, "anchor_weights": anchored_full,
+                    "anchor_distances": (to_init, to_ref)}, out / "fsdp.pt")
     dist.barrier()  # no rank tears gloo down while the other still works: that aborted a CI run once
     dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_reference import make_model, train  # noqa: E402
+from fsdp_reference import make_model, train, train_anchor  # noqa: E402
 
 from elastic_reset.core import ElasticReset  # noqa: E402
 
@@ -47,6 +47,16 @@ def test_gathered_weights_after_resets_equal_the_single_process_run(sharded):
         torch.testing.assert_close(result["weights"][name], tensor, rtol=1e-5, atol=1e-6)
     # ‖θ − θ̄‖ over the whole parameters, not one rank's shard.
     assert result["distances"] == pytest.approx(distances, rel=1e-5)
+
+
+def test_anchor_pulls_on_shards_equal_the_single_process_run(sharded):
+    result = torch.load(sharded / "fsdp.pt", weights_only=False)
+    model = make_model()
+    to_init, to_ref = train_anchor(model)
+    for name, tensor in model.named_parameters():
+        torch.testing.assert_close(result["anchor_weights"][name], tensor.detach(), rtol=1e-5, atol=1e-6)
+    assert result["anchor_distances"][0] == pytest.approx(to_init, rel=1e-5)
+    assert result["anchor_distances"][1] == pytest.approx(to_ref, rel=1e-5)
 
 
 def test_the_trl_callback_saves_and_resumes_each_ranks_shards(sharded):
