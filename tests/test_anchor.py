@@ -240,3 +240,44 @@ def test_an_external_reference_is_written_in_place_and_must_match_the_covered_sh
     assert anchor.distance("policy", "reference") == 0.0
     with pytest.raises(ValueError, match="reference: expected 2 tensors shaped"):
         Anchor.preset("ref_sync", params, every=1, reference=[torch.zeros(3)])
+
+
+# ------------------------------------------------------------------------------------------------- sweeps
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_sweep_at_lambda_1_is_the_runs_last_evaluation_and_at_0_the_initial_model(tmp_path, lora):
+    import json
+
+    from elastic_reset.rl.config import load_config
+    from elastic_reset.rl.sweep import SWEEP_FILE, sweep_run
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    model = {"model": {"lora": {"r": 4, "alpha": 8}}} if lora else {}
+    config = tiny_config("steps=3", "method.name=kl", "algo.lr=0.05", "eval.every=3", "eval.num_prompts=4",
+                         "eval.num_texts=4", "eval.ema=false", **model)
+    last = [r for r in RLTrainer(config, tmp_path).train() if "eval/reward" in r][-1]
+    at = {r["lambda"]: r for r in sweep_run(tmp_path, [0.0, 1.0, 1.5])}
+    for key in ("eval/reward", "eval/kl_init", "eval/perplexity"):
+        assert at[1.0][key] == pytest.approx(last[key], rel=1e-5, abs=1e-6), key
+    assert abs(at[0.0]["eval/kl_init"]) < 1e-5 < abs(last["eval/kl_init"])  # θ0 itself: no KL to the initial model
+    assert at[1.5]["eval/kl_init"] != at[1.0]["eval/kl_init"]  # ExPO's extrapolation is another point
+    if lora:  # W0 + λ·ΔW: the merged delta of every adapted layer scales by λ (not λ², as scaling A and B would)
+        from elastic_reset.rl.sweep import interpolated
+
+        trainer = RLTrainer(load_config(tmp_path / "config.yaml"), tmp_path, resume=True)
+        layers = [m for m in trainer.model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "lora_A")]
+        before = [m.get_delta_weight("default").clone() for m in layers]
+        with interpolated(trainer, 0.5):
+            for m, d in zip(layers, before):
+                torch.testing.assert_close(m.get_delta_weight("default"), 0.5 * d)
+        trainer.close()
+        assert layers and all(torch.equal(m.get_delta_weight("default"), d) for m, d in zip(layers, before))
+    sweep_run(tmp_path, [1.5])  # the same point again replaces its record
+    saved = [json.loads(line) for line in (tmp_path / SWEEP_FILE).read_text().splitlines()]
+    assert sorted(r["lambda"] for r in saved) == [0.0, 1.0, 1.5] and all(r["step"] == 3 for r in saved)
+    from elastic_reset.evaluation.figures import plot_pareto
+    from elastic_reset.evaluation.runs import load_run
+
+    run = load_run(tmp_path)  # the report reads the points, marked apart from the run's own evaluations
+    assert sorted(p[0] for p in run.sweep) == [0.0, 1.0, 1.5] and len(run.steps) == 2
+    assert plot_pareto({"kl": [run]}, tmp_path / "pareto.png").stat().st_size > 1000

@@ -7,6 +7,8 @@
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
+    elastic-reset sweep RUN_DIR --lambdas 0.5,1.5 [--toward init|ema]
+    elastic-reset build gold-pairs [--data-dir ../shared/data] [--n-pairs N] [--temperature T] [--seed S]
     elastic-reset demo [--out DIR] [--steps N]
     elastic-reset config [PREFIX]       (every run-config setting: key, type, default, what it does)
     elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
@@ -108,6 +110,21 @@ def _export(args: argparse.Namespace) -> int:
     out = export_run(args.run, args.out, step=args.step, ema=args.ema, merge=args.merge,
                      push_to_hub=args.push_to_hub, command=shlex.join(command))
     print(f"policy written to {out}" + (f" and pushed to {args.push_to_hub}" if args.push_to_hub else ""))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from elastic_reset.rl.sweep import SWEEP_FILE, sweep_run
+
+    try:
+        lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
+    except ValueError:
+        raise ElasticResetError(f"--lambdas: expected comma-separated numbers, got {args.lambdas!r}") from None
+    for r in sweep_run(args.run, lambdas, args.toward):
+        drift = f", perplexity {r['eval/perplexity']:.2f}" if "eval/perplexity" in r else ""
+        print(f"λ {r['lambda']:g} toward {r['toward']}: reward {r['eval/reward']:.4f}, KL to init "
+              f"{r['eval/kl_init']:.3f}{drift}")
+    print(f"written to {os.path.join(args.run, SWEEP_FILE)}")
     return 0
 
 
@@ -450,6 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--push-to-hub", metavar="REPO", default=None, help="also upload the folder to this "
                         "Hugging Face Hub repository (needs a token: `hf auth login` or HF_TOKEN)")
     export.set_defaults(func=_export)
+
+    sweep = sub.add_parser("sweep", help="evaluate θa + λ(θ − θa) between a run's policy and its initial model "
+                                         "(λ > 1: ExPO) or its EMA, without more RL; into RUN/sweep.jsonl")
+    sweep.add_argument("run", metavar="RUN_DIR", help="a run directory (its latest checkpoint is used)")
+    sweep.add_argument("--lambdas", required=True, help="comma-separated λ, e.g. 0.25,0.5,0.75,1.25,1.5")
+    sweep.add_argument("--toward", choices=("init", "ema"), default="init", help="the anchor θa (default: the "
+                       "initial model; ema: Elastic Reset's EMA, full fine-tuning only)")
+    sweep.set_defaults(func=_sweep)
 
     config = sub.add_parser("config", help="list every run-config setting with its type, default and meaning")
     config.add_argument("prefix", nargs="?", default=None, help="only the settings starting with this (e.g. algo)")

@@ -79,6 +79,11 @@ def plot_pareto(groups: dict[str, list[Run]], out_png: str | Path, drift: str | 
         # Each seed's own evaluation points, faintly: shows how much of the range the frontier summarises.
         for run in runs:
             ax.scatter(run.rewards, run.drifts, s=8, color=color, alpha=0.3, linewidths=0)
+            if run.sweep:  # `elastic-reset sweep`'s points: hollow diamonds, never part of the frontier
+                swept = not any(r.sweep for r in runs[:runs.index(run)])
+                ax.scatter([p[2] for p in run.sweep], [p[3] for p in run.sweep], s=26, marker="D",
+                           facecolors="none", edgecolors=color, linewidths=1,
+                           label=f"{name}: sweep θa + λ(θ − θa)" if swept else None)
         ok = np.isfinite(f.mean)
         if not ok.any():
             continue

@@ -52,6 +52,8 @@ SCORES: dict[str, str] = {
 
 # Which weights a run's evaluation describes: the policy (``eval/*``) or its EMA (``eval_ema/*``).
 WEIGHTS = ("auto", "policy", "ema")
+SWEEP_FILE = "sweep.jsonl"
+"""``elastic-reset sweep``'s evaluations in a run directory (``rl/sweep.py`` writes it)."""
 LABEL_FILE = "label"
 """A run directory's optional group name (``compare`` writes its cell label there); default: ``method.name``."""
 TASK_FILE = "task.json"
@@ -95,6 +97,9 @@ class Run:
     """Which task score ``rewards`` holds (a key of :data:`SCORES`)."""
     test: tuple[float, float] | None = None
     """(score, drift) of the run's final test evaluation (``test/*`` records, tasks with test prompts), if any."""
+    sweep: list[tuple[float, str, float, float]] = field(default_factory=list)
+    """(λ, anchor, score, drift) of the points ``elastic-reset sweep`` evaluated (``sweep.jsonl``), if any: the
+    weights between the run's policy and its initial model or EMA, not points the run itself passed through."""
 
 
 def task_metrics(run_dir: str | Path) -> tuple[str, str]:
@@ -218,6 +223,14 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | Non
         raise ReportError(f"{metrics_path}: has no evaluation records ({reward_key}); was eval.every 0, or was "
                           "the run stopped before its first evaluation?")
     steps = sorted(evals)
+    sweep = []
+    sweep_path = run_dir / SWEEP_FILE
+    if sweep_path.is_file():
+        for r in read_metrics(sweep_path):
+            if f"eval/{score}" in r and f"eval/{metric.key}" in r:
+                sweep.append((float(r["lambda"]), str(r["toward"]),
+                              _number(r[f"eval/{score}"], sweep_path, r.get("step"), f"eval/{score}"),
+                              _number(r[f"eval/{metric.key}"], sweep_path, r.get("step"), f"eval/{metric.key}")))
     seed = config.get("seed")
     return Run(
         path=run_dir, method=method, seed=int(seed) if seed is not None else None, drift=drift, source=source,
@@ -228,6 +241,7 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | Non
         total_steps=int(config["steps"]) if "steps" in config else None,
         score=score,
         test=test,
+        sweep=sweep,
     )
 
 
