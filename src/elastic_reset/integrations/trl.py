@@ -181,7 +181,7 @@ class ElasticResetCallback(TrainerCallback):
         sharded = self.elastic_reset.is_sharded
         if not (args.should_save or sharded):  # sharded: every rank saves its shards (and distance() is collective)
             return
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        folder = _checkpoint_folder(args, state)
         if not os.path.isdir(folder):
             raise FileNotFoundError(
                 f"{folder}: the trainer saved a checkpoint, but not in this folder, so ElasticResetCallback cannot "
@@ -218,8 +218,7 @@ class ElasticResetCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:
-        folder = (self.resume_from or _resumed_checkpoint()
-                  or os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
+        folder = self.resume_from or _resumed_checkpoint() or _checkpoint_folder(args, state)
         path = os.path.join(folder, state_file(self.elastic_reset.is_sharded, args.process_index))
         if not os.path.isfile(path):
             raise FileNotFoundError(
@@ -267,6 +266,11 @@ class _LogsFirst(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.owner.add_metrics(state, logs)
+
+
+def _checkpoint_folder(args, state) -> str:
+    """``{output_dir}/checkpoint-{global_step}``: the folder the trainer saves into at this step."""
+    return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
 def _resumed_checkpoint() -> str | None:
@@ -353,8 +357,7 @@ class ReferenceSyncCallback(TrainerCallback):
         self.anchor = self._build(covered, reference, optimizer)
         self.events = []
         if state.global_step > 0:
-            folder = _resumed_checkpoint() or os.path.join(args.output_dir,
-                                                           f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            folder = _resumed_checkpoint() or _checkpoint_folder(args, state)
             path = os.path.join(folder, ANCHOR_FILE)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path}: no reference state to resume from (the checkpoint was saved "
@@ -376,7 +379,7 @@ class ReferenceSyncCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.anchor is None or not args.should_save:
             return
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        folder = _checkpoint_folder(args, state)
         atomic_write(os.path.join(folder, ANCHOR_FILE),
                      lambda f: torch.save({"format": 1, "anchor": self.anchor.state_dict()}, f))
 

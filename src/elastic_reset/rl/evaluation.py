@@ -43,6 +43,7 @@ class Evaluator:
         self.judge = None if task.judge_fn is None else CheckedReward(task.judge_fn, task.name, "error",
                                                                        policy.device, what="judge_fn")
         self.initial: dict[str, list[str]] = {}
+        self._initial_scores: dict[str, torch.Tensor] = {}  # the judge's scores of those, which never change
 
     def prompt_sets(self) -> dict[str, list[str]]:
         """``{prefix: prompts}`` evaluated every time: the validation prompts and the task's ``eval_sets``."""
@@ -118,11 +119,10 @@ class Evaluator:
         for the EMA weights of a method that keeps one (with ``eval.ema`` on)."""
         record = {}
         for prefix, prompts in self.prompt_sets().items():
-            record.update(self.evaluate_prompts(prefix, prompts, initial=self.initial.get(prefix),
-                                                perplexity=prefix == "eval"))
+            record.update(self.evaluate_prompts(prefix, prompts, against=prefix, perplexity=prefix == "eval"))
         if method.keeps_ema and self.config.eval.ema:
             with method.ema_weights():
-                record.update(self.evaluate_prompts("eval_ema", initial=self.initial.get("eval")))
+                record.update(self.evaluate_prompts("eval_ema", against="eval"))
         return record
 
     def test_prompts(self) -> list[str]:
@@ -130,7 +130,7 @@ class Evaluator:
 
     def test(self) -> dict[str, Any]:
         """``test/*``: the task's test split (the Translation Game's table), once, on the final weights."""
-        return self.evaluate_prompts("test", self.test_prompts(), initial=self.initial.get("test"))
+        return self.evaluate_prompts("test", self.test_prompts(), against="test")
 
     def _samples(self, prompts: list[str]):
         """``(prompts, rollout, completions)`` per batch of ``prompts`` × ``eval.samples_per_prompt``, drawn with the
@@ -145,11 +145,11 @@ class Evaluator:
                 yield chunk, rollout, self.policy.decode(rollout.response_ids, rollout.response_mask)
 
     @torch.no_grad()
-    def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None, initial: list[str] | None = None,
+    def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None, against: str | None = None,
                          perplexity: bool = True) -> dict[str, Any]:
         """Reward, KL to the initial model, perplexity on the reference texts (unless ``perplexity`` is off: it
-        does not depend on the prompts), the task's metrics and, given the ``initial`` policy's completions of
-        ``prompts`` and a judge, the win rate."""
+        does not depend on the prompts), the task's metrics and, with a judge, the win rate against the initial
+        policy's completions of the same prompts (the set ``against`` names in :attr:`initial`)."""
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
@@ -169,8 +169,10 @@ class Evaluator:
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
         }
-        if initial is not None:
-            now, then = self.judge(prompts, completions)[0], self.judge(prompts, initial)[0]
+        if against in self.initial:
+            if against not in self._initial_scores:
+                self._initial_scores[against] = self.judge(prompts, self.initial[against])[0]
+            now, then = self.judge(prompts, completions)[0], self._initial_scores[against]
             record[f"{prefix}/win_rate"] = float(((now > then).float() + 0.5 * (now == then).float()).mean())
         if self.texts and perplexity:
             record[f"{prefix}/perplexity"] = text_perplexity(self.policy.model, self.policy.tokenizer, self.texts,

@@ -87,7 +87,7 @@ def sweep_run(run_dir: str | Path, lambdas: Sequence[float], toward: str = "init
         records = []
         for lam in lambdas:
             with interpolated(trainer, float(lam), toward):
-                record = trainer.evaluator.evaluate_prompts("eval")
+                record = trainer.evaluator.evaluate_prompts("eval", against="eval")
             records.append({"lambda": float(lam), "toward": toward, "step": trainer.step, **record})
     finally:
         trainer.close()

@@ -283,9 +283,11 @@ class RLTrainer:
             alone = Rollout(query_ids=start, query_mask=torch.ones_like(start), response_ids=rollout.response_ids,
                             response_mask=rollout.response_mask, logprobs=rollout.logprobs)
             return self.policy.score(alone, self.reference_lm, masked=False).logprobs
-        own = self.method.kl_reference()  # an anchor's reference copy or EMA, swapped into the policy
-        if own is not None or self.config.kl.reference == "ema":
-            with own if own is not None else self.method.ema_weights():
+        swapped = self.method.kl_reference()  # an anchor's reference copy or EMA, swapped into the policy
+        if swapped is None and self.config.kl.reference == "ema":
+            swapped = self.method.ema_weights()
+        if swapped is not None:
+            with swapped:
                 return self.policy.score(rollout, masked=False).logprobs
         with self.reference.model() as ref:
             return self.policy.score(rollout, ref, masked=False).logprobs
