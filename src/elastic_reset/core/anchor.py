@@ -17,24 +17,15 @@ methods are presets (:data:`PRESETS`, :meth:`Anchor.preset`).
 
 from __future__ import annotations
 
-import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-from elastic_reset.core.elastic_reset import (
-    _as_named_params,
-    _exclude_fn,
-    _is_sharded,
-    _local,
-    _refuse_unsupported_sharding,
-    _sum_over_shards,
-)
+from elastic_reset.core.covered import CoveredTensors, Exclude, ModelOrParams, check_decay, local
 from elastic_reset.core.triggers import Every
 
 COPIES = ("init", "ema", "reference")
@@ -78,7 +69,7 @@ class AnchorEvent:
     """‖target − source‖₂ of the first pull, just before it: how far it moved its target (at weight 1)."""
 
 
-class Anchor:
+class Anchor(CoveredTensors):
     """Copies of a set of trainable tensors and the pulls between them (see the module's docstring).
 
     Args:
@@ -96,10 +87,10 @@ class Anchor:
             dtype, instead of a private copy.
     """
 
-    def __init__(self, model_or_params: nn.Module | Iterable, pulls: Sequence[Pull] = (), trigger=None, *,
+    def __init__(self, model_or_params: ModelOrParams, pulls: Sequence[Pull] = (), trigger=None, *,
                  every: int | None = None, decay: float | None = None, reset_optimizer: bool = False,
                  optimizer: torch.optim.Optimizer | None = None, kl_reference: str | None = None,
-                 device: str | torch.device = "cpu", exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
+                 device: str | torch.device = "cpu", exclude: Exclude = None,
                  dtype: torch.dtype = torch.float32, name: str = "custom",
                  reference: Sequence[torch.Tensor] | None = None):
         self.pulls = tuple(pulls)
@@ -113,8 +104,7 @@ class Anchor:
             raise ValueError(f"trigger: expected a callable (step, metrics) -> cause or None, got {trigger!r}")
         used = {end for p in self.pulls for end in (p.target, p.source)} - {"policy"}
         if decay is not None:
-            if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0.0 < decay < 1.0:
-                raise ValueError(f"decay: expected a number strictly between 0 and 1, got {decay!r}")
+            check_decay(decay, "decay")
             used.add("ema")
         elif "ema" in used:
             raise ValueError("decay: a pull reads or writes the EMA, which needs decay")
@@ -128,35 +118,23 @@ class Anchor:
             raise ValueError("optimizer: reset_optimizer=True needs the optimizer")
         used |= {"init", kl_reference}
 
-        skip = _exclude_fn(exclude)
-        named = [(n, p) for n, p in _as_named_params(model_or_params) if not skip(n)]
-        _refuse_unsupported_sharding(model_or_params, named)
-        if not named:
-            raise ValueError("model_or_params: no parameters to cover (none with requires_grad=True, or all excluded)")
+        super().__init__(model_or_params, exclude, device, dtype)
         self.name = name
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.is_sharded = any(_is_sharded(p) for p in self.params)
         self.trigger, self.decay, self.kl_reference = trigger, decay, kl_reference
         self.optimizer, self.reset_optimizer = optimizer, reset_optimizer
-        self.device, self.dtype = torch.device(device), dtype
         self.num_steps = self.num_pulls = 0
-        self._pinned = self.device.type == "cpu" and any(p.device.type == "cuda" for p in self.params)
-        with torch.no_grad():
-            init = [self._host(t.to(self.device, dtype, copy=True)) for t in self._locals()]
-            self.copies: dict[str, list[torch.Tensor]] = {
-                c: (init if c == "init" else [self._host(t.clone()) for t in init]) for c in COPIES if c in used}
+        if reference is not None:
+            used.discard("reference")  # the caller's tensors, set below
+        self.copies: dict[str, list[torch.Tensor]] = {c: self._snapshot() for c in COPIES if c in used}
         self.external = reference is not None
         """Whether ``reference`` is the caller's live tensors rather than a copy of this anchor's."""
         if reference is not None:
-            reference = [_local(t).detach() for t in reference]
+            reference = [local(t).detach() for t in reference]
             shapes = [tuple(t.shape) for t in self._locals()]
             if [tuple(t.shape) for t in reference] != shapes:
                 raise ValueError(f"reference: expected {len(shapes)} tensors shaped as the covered ones, got "
                                  f"{len(reference)} (shapes differ: {[tuple(t.shape) for t in reference][:3]} ...)")
             self.copies["reference"] = reference
-        self._direct = all(t.device == self.device and t.dtype == dtype for t in self._locals())
-        self._buffer: list[torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------------ presets
     @classmethod
@@ -168,30 +146,10 @@ class Anchor:
         return PRESETS[name](model_or_params, **settings)
 
     # ------------------------------------------------------------------------------------------------ tensors
-    def _locals(self) -> list[torch.Tensor]:
-        return [_local(p).detach() for p in self.params]
-
-    def _host(self, t: torch.Tensor) -> torch.Tensor:
-        return t.pin_memory() if self._pinned else t
-
-    def _sync(self) -> None:
-        if self._pinned:
-            for device in {p.device for p in self.params if p.device.type == "cuda"}:
-                torch.cuda.current_stream(device).synchronize()
-
-    def _policy_in_copy_space(self) -> list[torch.Tensor]:
-        if self._direct:
-            return self._locals()
-        if self._buffer is None:
-            self._buffer = [self._host(torch.empty_like(t)) for t in self.copies["init"]]
-        torch._foreach_copy_(self._buffer, self._locals(), non_blocking=self._pinned)
-        self._sync()
-        return self._buffer
-
     def _tensors(self, end: str) -> list[torch.Tensor]:
         """``end``'s tensors on the copies' device and dtype (an external reference converted)."""
         if end == "policy":
-            return self._policy_in_copy_space()
+            return self._params_in_copy_space()
         if end == "reference" and self.external:
             return [t.to(self.device, self.dtype) for t in self.copies[end]]
         return self.copies[end]
@@ -206,31 +164,20 @@ class Anchor:
     def weights(self, name: str) -> Iterator[None]:
         """The model holds copy ``name`` inside the block (e.g. the KL reference for its forward); the policy's own
         weights are restored exactly after."""
-        source = list(self.copy(name).values())
-        with torch.no_grad():
-            saved = [t.clone() for t in self._locals()]
-            torch._foreach_copy_(self._locals(), source, non_blocking=self._pinned)
-            self._sync()
-        try:
+        with self._swapped_in(list(self.copy(name).values())):
             yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(self._locals(), saved)
 
     @torch.no_grad()
     def distance(self, a: str = "policy", b: str = "init") -> float:
         """‖a − b‖₂ over the covered tensors (whole parameters under FSDP2: a collective every rank calls)."""
-        squares = [float(n) ** 2 for n in torch._foreach_norm(torch._foreach_sub(self._tensors(a), self._tensors(b)))]
-        if self.is_sharded:
-            squares = _sum_over_shards(self.params, squares)
-        return math.sqrt(sum(squares))
+        return self._distance(self._tensors(a), self._tensors(b))
 
     # ------------------------------------------------------------------------------------------------ updates
     @torch.no_grad()
     def update(self) -> None:
         """θ̄ ← (1 − η)·θ + η·θ̄, if the anchor keeps an EMA. Does not count a step."""
         if "ema" in self.copies:
-            torch._foreach_lerp_(self.copies["ema"], self._policy_in_copy_space(), 1.0 - self.decay)
+            torch._foreach_lerp_(self.copies["ema"], self._params_in_copy_space(), 1.0 - self.decay)
 
     def step(self, metrics: Mapping[str, float] | None = None, update: bool = True) -> AnchorEvent | None:
         """Count one step (after an optimizer step, or whatever unit the trigger counts): update the EMA (unless
@@ -260,7 +207,7 @@ class Anchor:
             target = self._locals() if p.target == "policy" else self.copies[p.target]
             if p.target == "policy" or (p.target == "reference" and self.external):  # on the target's own device
                 source = [s.to(t.device, t.dtype, non_blocking=self._pinned) for s, t in zip(source, target)]
-                self._sync()
+                self._wait_for_copies()
             if p.weight == 1.0:
                 torch._foreach_copy_(target, source)
             else:

@@ -7,36 +7,21 @@ Noukhovitch et al., "Language Model Alignment with Elastic Reset", NeurIPS 2023,
 η (``decay``) weights the EMA, not the policy. There is no reset at step 0. The value function is not part of
 what is reset (the caller excludes it), and the optimizer state is kept by default, as in the authors' code.
 
-The EMA and θ0 are fp32 copies kept on a device of the caller's choice (CPU by default: the paper's point is that
-the method is cheap), and every update is a fused ``torch._foreach_*`` call over all covered tensors.
-
-Sharded parameters (PyTorch FSDP2 ``fully_shard``: each parameter a ``DTensor``): every rank keeps the EMA and θ0
-of its own shard and a reset writes its own shard. The update and the reset are element-wise, so no communication
-is needed and the gathered result equals the single-process one; only :meth:`ElasticReset.distance` reduces
-across the shards. FSDP1's flat parameters and DeepSpeed ZeRO-3's partitioned ones are refused: torch does not see
-their shards as tensors of the parameters' shapes, and an EMA of what it sees would be silently wrong.
+The EMA and θ0 are fp32 copies kept on a device of the caller's choice (CPU by default), updated by fused
+``torch._foreach_*`` calls, and FSDP2 shards are followed rank by rank: :mod:`elastic_reset.core.covered`.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
-import re
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-
-def _is_sharded(p: torch.Tensor) -> bool:
-    """Whether ``p`` is a ``DTensor`` (an FSDP2 parameter). Without importing ``torch.distributed.tensor`` (~0.8 s):
-    a DTensor can only exist once that module is loaded."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(p, module.DTensor)
+from elastic_reset.core.covered import CoveredTensors, Exclude, ModelOrParams, check_decay
 
 MODES = ("elastic", "ema", "init", "none")
 """``elastic``: θ ← θ̄, θ̄ ← θ0 (the method). ``ema``: θ ← θ̄, EMA never reset (ablation "reset to EMA").
@@ -58,66 +43,13 @@ class ResetEvent:
     """L2 distance ‖θ − θ̄‖ over the covered tensors just before the reset."""
 
 
-def _as_named_params(
-    model_or_params: nn.Module | Iterable[nn.Parameter] | Iterable[tuple[str, nn.Parameter]],
-) -> list[tuple[str, torch.Tensor]]:
-    if isinstance(model_or_params, nn.Module):
-        return [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
-    if isinstance(model_or_params, torch.Tensor):
-        raise ValueError("model_or_params: expected a module or an iterable of parameters, got a single tensor")
-    named = []
-    for i, item in enumerate(model_or_params):
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            named.append((item[0], item[1]))
-        elif isinstance(item, torch.Tensor):
-            named.append((f"param_{i}", item))
-        else:
-            raise ValueError(
-                f"model_or_params: item {i} is a {type(item).__name__}; expected a tensor or a (name, tensor) pair"
-            )
-    return named
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """The tensor this process holds of ``p``: its shard for a ``DTensor`` (a view: writing it writes the
-    parameter), else ``p`` itself."""
-    return p.to_local() if _is_sharded(p) else p
-
-
-def _refuse_unsupported_sharding(model_or_params: Any, named: list[tuple[str, torch.Tensor]]) -> None:
-    if isinstance(model_or_params, nn.Module) and any(
-            type(m).__name__ == "FullyShardedDataParallel" for m in model_or_params.modules()):
-        raise ValueError("model_or_params: FSDP1 (FullyShardedDataParallel) flattens parameters; use FSDP2 "
-                         "(torch.distributed.fsdp.fully_shard), whose DTensor shards ElasticReset follows")
-    for name, p in named:
-        if hasattr(p, "ds_id") or type(p).__name__ == "FlatParameter":
-            raise ValueError(f"model_or_params: {name!r} is partitioned by DeepSpeed ZeRO-3 or flattened by FSDP1, "
-                             "outside torch's view of the tensor, so its EMA would be silently wrong; use FSDP2 "
-                             "(fully_shard), or DeepSpeed ZeRO stage 1-2 (parameters replicated)")
-
-
-def _exclude_fn(exclude: Callable[[str], bool] | str | Sequence[str] | None) -> Callable[[str], bool]:
-    if exclude is None:
-        return lambda name: False
-    if callable(exclude):
-        return exclude
-    patterns = [exclude] if isinstance(exclude, str) else list(exclude)
-    compiled = [re.compile(p) for p in patterns]
-    return lambda name: any(c.search(name) for c in compiled)
-
-
-def _check_decay(decay: Any, key: str) -> None:
-    if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0.0 < decay < 1.0:
-        raise ValueError(f"{key}: expected a number strictly between 0 and 1, got {decay!r}")
-
-
 def _check_reset_every(reset_every: Any, key: str) -> None:
     if reset_every is not None and (isinstance(reset_every, bool) or not isinstance(reset_every, numbers.Integral)
                                     or reset_every < 1):
         raise ValueError(f"{key}: expected an integer >= 1, got {reset_every!r}")
 
 
-class ElasticReset:
+class ElasticReset(CoveredTensors):
     """EMA tracking and resets for a set of trainable tensors (a model's, or an explicit list).
 
     Call :meth:`step` once after every optimizer step, as the paper's §3 says (or whatever unit the schedule
@@ -146,20 +78,20 @@ class ElasticReset:
 
     def __init__(
         self,
-        model_or_params: nn.Module | Iterable[nn.Parameter] | Iterable[tuple[str, nn.Parameter]],
+        model_or_params: ModelOrParams,
         decay: float = 0.995,
         reset_every: int | None = None,
         mode: str = "elastic",
         device: str | torch.device = "cpu",
         schedule: Callable[[int], bool] | None = None,
-        exclude: Callable[[str], bool] | str | Sequence[str] | None = None,
+        exclude: Exclude = None,
         optimizer: torch.optim.Optimizer | None = None,
         reset_optimizer_state: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        _check_decay(decay, "decay")
+        check_decay(decay, "decay")
         _check_reset_every(reset_every, "reset_every")
         if reset_every is not None and schedule is not None:
             raise ValueError("reset_every: give either reset_every or schedule, not both")
@@ -170,76 +102,23 @@ class ElasticReset:
         if reset_optimizer_state and optimizer is None:
             raise ValueError("optimizer: reset_optimizer_state=True needs the optimizer")
 
-        skip = _exclude_fn(exclude)
-        named = [(n, p) for n, p in _as_named_params(model_or_params) if not skip(n)]
-        _refuse_unsupported_sharding(model_or_params, named)
-        if not named:
-            raise ValueError(
-                "model_or_params: no parameters to cover (none with requires_grad=True, or all excluded)"
-            )
-        names = [n for n, _ in named]
-        if len(set(names)) != len(names):
-            raise ValueError("model_or_params: parameter names must be unique")
-
-        self.names: list[str] = names
-        self.params: list[torch.Tensor] = [p for _, p in named]
-        self.is_sharded = any(_is_sharded(p) for p in self.params)
-        """FSDP2 parameters: the EMA, θ0 and :meth:`state_dict` hold this rank's shards only."""
+        super().__init__(model_or_params, exclude, device, dtype)
         self.decay = float(decay)
         self.reset_every = None if reset_every is None else int(reset_every)
         self.mode = mode
         self.schedule = schedule
-        self.device = torch.device(device)
-        self.dtype = dtype
         self.optimizer = optimizer
         self.reset_optimizer_state = reset_optimizer_state
         self.num_steps = 0
         self.num_resets = 0
-        # Host copies of GPU weights live in pinned memory, so the copies between them are asynchronous DMA transfers
-        # (the paper keeps the EMA on the CPU, §2 and §8: "the EMA model can be stored on CPU") instead of staged,
-        # blocking ones.
-        self._pinned = self.device.type == "cpu" and any(p.device.type == "cuda" for p in self.params)
-        with torch.no_grad():
-            self.init = [self._host(t.detach().to(self.device, dtype, copy=True)) for t in self._locals()]
-            self.ema = [self._host(t.clone()) for t in self.init]
-        # A parameter whose device and dtype already match its EMA copy is read in place; the others are
-        # converted on each update (one fused copy into a reused buffer, not one allocation per tensor per step).
-        self._direct = all(t.device == self.device and t.dtype == dtype for t in self._locals())
-        self._buffer: list[torch.Tensor] | None = None
-
-    def _locals(self) -> list[torch.Tensor]:
-        """What this process holds of each covered parameter (its shard under FSDP2), detached: the tensors the
-        EMA reads and a reset writes."""
-        return [_local(p).detach() for p in self.params]
-
-    def _host(self, t: torch.Tensor) -> torch.Tensor:
-        return t.pin_memory() if self._pinned else t
-
-    def _wait_for_copies(self) -> None:
-        """Block until the asynchronous copies between the GPU and the pinned EMA have landed (a no-op without
-        them): before the CPU reads a buffer the GPU writes, or writes one the GPU still reads."""
-        if self._pinned:
-            for device in {p.device for p in self.params if p.device.type == "cuda"}:
-                torch.cuda.current_stream(device).synchronize()
-
-    def _copy_into_params(self, source: list[torch.Tensor]) -> None:
-        torch._foreach_copy_(self._locals(), source, non_blocking=self._pinned)
-        self._wait_for_copies()  # ``source`` may be overwritten right after (θ̄ ← θ0)
+        self.init = self._snapshot()
+        self.ema = self._snapshot()
 
     # ----------------------------------------------------------------------------------------------- updates
-    def _params_in_ema_space(self) -> list[torch.Tensor]:
-        if self._direct:
-            return self._locals()
-        if self._buffer is None:
-            self._buffer = [self._host(torch.empty_like(e)) for e in self.ema]
-        torch._foreach_copy_(self._buffer, self._locals(), non_blocking=self._pinned)
-        self._wait_for_copies()
-        return self._buffer
-
     @torch.no_grad()
     def update(self) -> None:
         """θ̄ ← (1 − η)·θ + η·θ̄ (= lerp of θ̄ towards θ with weight 1 − η). Does not count a step."""
-        torch._foreach_lerp_(self.ema, self._params_in_ema_space(), 1.0 - self.decay)
+        torch._foreach_lerp_(self.ema, self._params_in_copy_space(), 1.0 - self.decay)
 
     def should_reset(self, step: int) -> bool:
         """Whether the schedule resets at 1-based step ``step`` (never at step 0, never in mode ``"none"``)."""
@@ -282,11 +161,7 @@ class ElasticReset:
     def distance(self) -> float:
         """‖θ − θ̄‖₂ over all covered tensors (how far the policy has moved from its average). Sharded: over the
         whole parameters, the same on every rank (a collective: every rank must call it)."""
-        diffs = torch._foreach_sub(self._params_in_ema_space(), self.ema)
-        squares = [float(n) ** 2 for n in torch._foreach_norm(diffs)]
-        if self.is_sharded:
-            squares = _sum_over_shards(self.params, squares)
-        return math.sqrt(sum(squares))
+        return self._distance(self._params_in_copy_space(), self.ema)
 
     def ema_state(self) -> dict[str, torch.Tensor]:
         """The EMA weights by parameter name (fp32, on :attr:`device`): for saving or loading an EMA model."""
@@ -299,14 +174,8 @@ class ElasticReset:
         >>> with er.ema_weights():
         ...     eval_reward = evaluate(model)
         """
-        with torch.no_grad():
-            saved = [t.clone() for t in self._locals()]
-            self._copy_into_params(self.ema)
-        try:
+        with self._swapped_in(self.ema):
             yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(self._locals(), saved)
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -349,7 +218,7 @@ class ElasticReset:
                     )
         if state["mode"] not in MODES:
             raise ValueError(f"state['mode']: expected one of {MODES}, got {state['mode']!r}")
-        _check_decay(state["decay"], "state['decay']")
+        check_decay(state["decay"], "state['decay']")
         _check_reset_every(state["reset_every"], "state['reset_every']")
         if self.schedule is None and state["reset_every"] is None and state["mode"] != "none":
             raise ValueError("state['reset_every']: the state was saved with a callable schedule; pass the same "
@@ -370,21 +239,3 @@ class ElasticReset:
         return (f"ElasticReset(mode={self.mode!r}, decay={self.decay}, {when}, tensors={len(self.ema)}, "
                 f"numel={numel}, device={self.device}, step={self.num_steps}, resets={self.num_resets})")
 
-
-def _sum_over_shards(params: list[torch.Tensor], squares: list[float]) -> list[float]:
-    """Per-parameter sums of squares of the local shards, summed over the mesh dimensions that shard each one
-    (not those that replicate it: HSDP's replicas hold the same numbers), so every rank gets the global sums."""
-    groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(params):
-        if _is_sharded(p):
-            groups.setdefault((id(p.device_mesh), tuple(p.placements)), []).append(i)
-    out = list(squares)
-    for indices in groups.values():
-        mesh, placements = params[indices[0]].device_mesh, params[indices[0]].placements
-        values = torch.tensor([squares[i] for i in indices], dtype=torch.float64, device=mesh.device_type)
-        for dim, placement in enumerate(placements):
-            if placement.is_shard():
-                torch.distributed.all_reduce(values, group=mesh.get_group(dim))
-        for i, value in zip(indices, values.tolist()):
-            out[i] = value
-    return out
