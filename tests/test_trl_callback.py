@@ -263,13 +263,16 @@ def test_reference_sync_resumes_with_the_reference_it_had(tmp_path):
     def ref(trainer):
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".ref." in n}
 
-    full = _lora_grpo(tmp_path, [ReferenceSyncCallback("ref_sync", every=3, alpha=0.5)], save_steps=2)
+    full_callback, resumed_callback = (ReferenceSyncCallback("ref_sync", every=2, alpha=0.5) for _ in range(2))
+    full = _lora_grpo(tmp_path, [full_callback], save_steps=2)
     full.train()
     assert (tmp_path / "checkpoint-2" / integration.ANCHOR_FILE).is_file()
-    resumed = _lora_grpo(tmp_path / "resumed", [ReferenceSyncCallback("ref_sync", every=3, alpha=0.5)])
+    resumed = _lora_grpo(tmp_path / "resumed", [resumed_callback])
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-    # The pull at step 3 mixed into the reference of before the interruption, not a copy of the resumed adapter.
+    # The pull at step 4 mixed into the reference of before the interruption (after step 2's pull), not a copy of
+    # the resumed adapter; the resumed run's events include the pull made before it.
     _assert_weights(ref(resumed), ref(full))
+    assert [e.step for e in resumed_callback.events] == [2, 4] and resumed_callback.events == full_callback.events
     (tmp_path / "checkpoint-2" / integration.ANCHOR_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="no reference state to resume from"):
         _lora_grpo(tmp_path / "again", [ReferenceSyncCallback("ref_sync", every=3)]).train(

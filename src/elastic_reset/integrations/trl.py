@@ -30,7 +30,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from elastic_reset.core import ElasticReset, ResetEvent
+from elastic_reset.core import AnchorEvent, ElasticReset, ResetEvent
 from elastic_reset.io import atomic_write, save_folder_atomically
 
 logger = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class ReferenceSyncCallback(TrainerCallback):
     - a full model: ``trainer.ref_model``'s parameters, matched by name. With ``beta = 0`` there is no reference,
       and the callback refuses to start.
 
-    Checkpoints get ``anchor.pt`` (the reference tensors and counters); a resumed run loads it back, since TRL
+    Checkpoints get ``anchor.pt`` (the reference tensors, counters and events); a resumed run loads it back, since TRL
     rebuilds its ``ref`` adapter from the resumed ``default``, which is not the reference the run had.
     Logs ``anchor/pulls``; each pull is logged at WARNING level and kept in :attr:`events`.
     """
@@ -363,7 +363,11 @@ class ReferenceSyncCallback(TrainerCallback):
                 raise FileNotFoundError(f"{path}: no reference state to resume from (the checkpoint was saved "
                                         "without ReferenceSyncCallback)")
             saved = torch.load(path, map_location="cpu", weights_only=True)
+            if saved["global_step"] != state.global_step:
+                raise ValueError(f"{path}: saved at step {saved['global_step']}, but training resumes at step "
+                                 f"{state.global_step}: it belongs to another checkpoint")
             self.anchor.load_state_dict(saved["anchor"])
+            self.events = [AnchorEvent(**{**e, "pulls": tuple(e["pulls"])}) for e in saved["events"]]
 
     def on_step_end(self, args, state, control, **kwargs):
         event = self.anchor.step()
@@ -381,7 +385,9 @@ class ReferenceSyncCallback(TrainerCallback):
             return
         folder = _checkpoint_folder(args, state)
         atomic_write(os.path.join(folder, ANCHOR_FILE),
-                     lambda f: torch.save({"format": 1, "anchor": self.anchor.state_dict()}, f))
+                     lambda f: torch.save({"format": 1, "global_step": state.global_step,
+                                           "anchor": self.anchor.state_dict(),
+                                           "events": [dataclasses.asdict(e) for e in self.events]}, f))
 
 
 def _policy_and_reference(model, trainer) -> tuple[list, list]:
