@@ -116,6 +116,29 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
         get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(tmp_path / "none"))
 
 
+def test_the_gold_scores_an_evaluation_once_for_the_judge_and_the_metrics():
+    from elastic_reset.rewards.classifier import SentimentReward
+    from elastic_reset.tasks.imdb_gold import GoldScores
+
+    calls = []
+
+    class FakeGold:
+        texts = staticmethod(SentimentReward.texts)
+
+        def log_odds(self, texts):
+            calls.append(texts)
+            return [float(len(t)) - 10 for t in texts]
+
+    gold = GoldScores(FakeGold())
+    prompts, completions = ["a ", "b "], ["good", "very good"]
+    assert gold.judge(prompts, completions) == [-4.0, 1.0]
+    assert gold.metrics(prompts, completions) == pytest.approx(
+        {"gold": (1 / (1 + math.exp(4)) + 1 / (1 + math.exp(-1))) / 2, "gold_log_odds": -1.5})
+    assert len(calls) == 1  # the metrics read the judge's scores of the same texts
+    gold.judge(prompts, ["bad", "bad"])
+    assert len(calls) == 2 and gold.metrics(prompts, completions)["gold_log_odds"] == -1.5 and len(calls) == 3
+
+
 def test_the_gao_fit_recovers_its_coefficients_and_peak():
     from elastic_reset.evaluation.overoptimisation import gao_fit
 

@@ -22,14 +22,26 @@ from elastic_reset.rewards.gold import sigmoid
 from elastic_reset.tasks.base import Task, register_task
 
 
-class GoldMetrics:
-    """``metrics_fn``: the gold's mean P(positive) and mean log-odds of prompt + continuation."""
+class GoldScores:
+    """The gold's scores of one evaluation, computed once for its two uses: :meth:`judge` (the win rate's score,
+    the log-odds: the same order as P(positive)) and :meth:`metrics` (``gold``, ``gold_log_odds``). The evaluator
+    judges a set's completions and then asks for its metrics on the same texts, so the last result is kept."""
 
     def __init__(self, gold):
         self.gold = gold
+        self._last: tuple[tuple[str, ...], list[float]] | None = None
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
-        log_odds = self.gold.log_odds(self.gold.texts(prompts, completions))
+    def log_odds(self, prompts: list[str], completions: list[str]) -> list[float]:
+        texts = tuple(self.gold.texts(prompts, completions))
+        if self._last is None or self._last[0] != texts:
+            self._last = (texts, self.gold.log_odds(list(texts)))
+        return self._last[1]
+
+    def judge(self, prompts: list[str], completions: list[str]) -> list[float]:
+        return self.log_odds(prompts, completions)
+
+    def metrics(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
+        log_odds = self.log_odds(prompts, completions)
         return {"gold": sum(sigmoid(x) for x in log_odds) / len(log_odds),
                 "gold_log_odds": sum(log_odds) / len(log_odds)}
 
@@ -57,7 +69,7 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
         raise FileNotFoundError(f"task.options.gold: no sentiment classifier at {gold_path}; build it with "
                                 f"`{IMDB_CLASSIFIER_BUILD}`")
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test)
-    judge = SentimentReward(gold_path)
+    gold_scores = GoldScores(SentimentReward(gold_path))
     return Task(
         name="imdb_gold",
         train_prompts=data.train_prompts,
@@ -66,8 +78,8 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
         reference_texts=data.reference_texts,
         pretrain_texts=data.pretrain_texts,
         test_prompts=data.test_prompts,
-        metrics_fn=GoldMetrics(judge),
-        judge_fn=judge,
+        metrics_fn=gold_scores.metrics,
+        judge_fn=gold_scores.judge,
         eval_sets={"forget": paragraph_prompts(data_dir, n_forget, seed=seed)},
         score_key="gold",
     )
