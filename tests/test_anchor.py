@@ -281,3 +281,37 @@ def test_a_sweep_at_lambda_1_is_the_runs_last_evaluation_and_at_0_the_initial_mo
     run = load_run(tmp_path)  # the report reads the points, marked apart from the run's own evaluations
     assert sorted(p[0] for p in run.sweep) == [0.0, 1.0, 1.5] and len(run.steps) == 2
     assert plot_pareto({"kl": [run]}, tmp_path / "pareto.png").stat().st_size > 1000
+
+
+def test_a_lora_sweep_toward_the_ema_is_exact_with_a_second_adapter(tmp_path):
+    from elastic_reset.rl.config import load_config
+    from elastic_reset.rl.sweep import EMA_ADAPTER, interpolated, sweep_run
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    config = tiny_config("steps=4", "method.name=elastic_reset", "method.reset_every=100", "method.decay=0.5",
+                         "algo.lr=0.05", "eval.every=4", "eval.num_prompts=4", "eval.num_texts=4",
+                         model={"lora": {"r": 4, "alpha": 8}})
+    last = [r for r in RLTrainer(config, tmp_path).train() if "eval_ema/reward" in r][-1]
+    # λ = 0 toward the EMA is the EMA model, which the run evaluated as eval_ema/* at the same step
+    at = {r["lambda"]: r for r in sweep_run(tmp_path, [0.0, 1.0], toward="ema")}
+    for key in ("reward", "kl_init", "perplexity"):
+        assert at[0.0][f"eval/{key}"] == pytest.approx(last[f"eval_ema/{key}"], rel=1e-4, abs=1e-6), key
+        assert at[1.0][f"eval/{key}"] == pytest.approx(last[f"eval/{key}"], rel=1e-4, abs=1e-6), key
+    trainer = RLTrainer(load_config(tmp_path / "config.yaml"), tmp_path, resume=True)
+    layers = [m for m in trainer.model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "lora_A")]
+    names = {id(m): n for n, m in trainer.model.named_modules()}
+    ema = trainer.method.ema.ema_state()
+    policy = [m.get_delta_weight("default").clone() for m in layers]
+    averaged = [m.scaling["default"] * ema[f"{names[id(m)]}.lora_B.default.weight"]
+                @ ema[f"{names[id(m)]}.lora_A.default.weight"] for m in layers]
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    with interpolated(trainer, 1.5, "ema"):  # θ̄ + λ(θ − θ̄), rank 2r: the two active adapters' deltas sum to it
+        for m, d, a in zip(layers, policy, averaged):
+            assert m.active_adapters == ["default", EMA_ADAPTER]
+            torch.testing.assert_close(m.get_delta_weight("default") + m.get_delta_weight(EMA_ADAPTER),
+                                       a + 1.5 * (d - a))
+    assert all(m.active_adapters == ["default"] and EMA_ADAPTER not in m.lora_A for m in layers)
+    assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
+    assert layers and all(torch.equal(m.get_delta_weight("default"), d) for m, d in zip(layers, policy))
+    trainer.close()

@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("run", metavar="RUN_DIR", help="a run directory (its latest checkpoint is used)")
     sweep.add_argument("--lambdas", required=True, help="comma-separated λ, e.g. 0.25,0.5,0.75,1.25,1.5")
     sweep.add_argument("--toward", choices=("init", "ema"), default="init", help="the anchor θa (default: the "
-                       "initial model; ema: Elastic Reset's EMA, full fine-tuning only)")
+                       "initial model; ema: the run's EMA; with LoRA, a second adapter holds its rank-2r part)")
     sweep.set_defaults(func=_sweep)
 
     config = sub.add_parser("config", help="list every run-config setting with its type, default and meaning")

@@ -5,7 +5,8 @@ Toward the initial model, λ in (0, 1) is model averaging (Lin et al. 2023, arXi
 averaging" of θ0 and θ) and λ > 1 is ExPO (Zheng et al. 2024, arXiv 2404.16792: θ0 + (1 + α)(θ − θ0)); toward the
 EMA of an Elastic Reset run, the same with θ̄ as the anchor. With LoRA, the initial model is the base (the run's KL
 reference) and the point is W0 + λ·ΔW exactly: the adapters' B is scaled by λ, not A and B both (that would scale
-ΔW = B·A by λ²).
+ΔW = B·A by λ²). Toward the EMA (of A and B), the point W0 + B̄Ā + λ(BA − B̄Ā) has rank 2r: it is evaluated with a
+second adapter holding (1 − λ)·B̄Ā active beside the policy's λ·BA.
 """
 
 from __future__ import annotations
@@ -32,30 +33,61 @@ def interpolated(trainer, lam: float, toward: str = "init") -> Iterator[None]:
     params = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     saved = {n: p.detach().clone() for n, p in params.items()}
     with torch.no_grad():
-        if trainer.is_lora and toward == "init":
+        if trainer.is_lora:
             for name, p in params.items():
                 if ".lora_B." in name:
                     p.mul_(lam)
+            if toward == "ema":
+                stack = _ema_adapter(trainer, _anchor(trainer, toward, params), 1.0 - lam)
         else:
             anchor = _anchor(trainer, toward, params)
             for name, p in params.items():
                 a = anchor[name].to(p.device, p.dtype)
                 p.copy_(a + lam * (saved[name] - a))
     try:
-        yield
+        if trainer.is_lora and toward == "ema":
+            with stack:
+                yield
+        else:
+            yield
     finally:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(saved[name])
 
 
+EMA_ADAPTER = "sweep_ema"
+"""The adapter that holds (1 − λ)·B̄Ā beside the policy's own λ·BA while a LoRA point toward the EMA is evaluated."""
+
+
+@contextmanager
+def _ema_adapter(trainer, ema: dict[str, torch.Tensor], weight: float) -> Iterator[None]:
+    """A second adapter, active beside the policy's, holding ``weight``·B̄Ā (Ā, B̄: the EMA of the adapters): the
+    sum W0 + λ·BA + (1 − λ)·B̄Ā is θ̄ + λ(θ − θ̄) exactly, a rank-2r update that no single rank-r adapter holds. The
+    KL reference (adapters off) stays W0; the adapter is deleted and the trainable flags restored after."""
+    model = trainer.model
+    own = model.active_adapter
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.add_adapter(EMA_ADAPTER, model.peft_config[own])
+    try:
+        with torch.no_grad():
+            for name, value in ema.items():
+                target = model.get_parameter(name.replace(f".{own}.", f".{EMA_ADAPTER}."))
+                scale = weight if ".lora_B." in name else 1.0
+                target.copy_(scale * value.to(target.device, target.dtype))
+        model.base_model.set_adapter([own, EMA_ADAPTER])
+        yield
+    finally:
+        model.base_model.set_adapter(own)
+        model.delete_adapter(EMA_ADAPTER)
+        for name, p in model.named_parameters():
+            p.requires_grad_(flags[name])
+
+
 def _anchor(trainer, toward: str, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if toward == "ema":
         if not trainer.method.keeps_ema:
             raise ConfigError(f"--toward ema: method {trainer.config.method.name!r} keeps no EMA")
-        if trainer.is_lora:
-            raise ConfigError("--toward ema: with LoRA the EMA is of A and B separately, and no single adapter of "
-                              "the same rank holds θ̄ + λ(θ − θ̄) exactly; use --toward init")
         ema = trainer.method.ema
         return dict(zip(ema.names, ema.ema))
     with trainer.reference.model() as ref:  # the frozen initial copy (full fine-tuning)
