@@ -1,4 +1,5 @@
-"""Cost of Elastic Reset relative to one training step of SmolLM2-135M (issue 2).
+"""Cost of Elastic Reset, and of each anchor preset (issue 38), relative to one training step of SmolLM2-135M
+(issue 2).
 
 Measures, on the CPU, with a fixed number of torch threads:
 
@@ -15,8 +16,9 @@ Measures, on the CPU, with a fixed number of torch threads:
 
 for three set-ups: (a) full fine-tuning in fp32 (AdamW over all 134.5M parameters), (b) LoRA via peft (r=16,
 alpha=32, q_proj and v_proj) in fp32, and (c) the same LoRA with a bf16 autocast forward, as the engine runs it.
-An optional fourth, ``full_bf16`` (a bf16 model, AdamW over all parameters, fp32 EMA), exercises the dtype
-conversion path of ``ElasticReset`` (``--configs full_bf16``).
+Each :class:`~elastic_reset.core.Anchor` preset is timed the same way in the loop: ``update()`` and ``pull()``
+after each timed train step, (update + pull/17) / train step per pair. An optional fourth, ``full_bf16`` (a bf16
+model, AdamW over all parameters, fp32 EMA), exercises the dtype conversion path (``--configs full_bf16``).
 
 Each figure is a median over ``--repeats`` runs after warm-up, timed with ``time.perf_counter``. The script prints a
 markdown table and writes the numbers, with the machine and date, as JSON (``--out``).
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from elastic_reset.core import PRESETS, Anchor
 from elastic_reset.core.elastic_reset import ElasticReset
 from elastic_reset.models import load_smollm2
 
@@ -232,10 +235,45 @@ def bench_config(config: str, args, ids: torch.Tensor) -> dict:
                 result["in_loop_amortised_pct_paired"])
     result["worst_estimate_pct"] = worst
     result["meets_target_on_every_estimate"] = worst <= result["target_pct"]
+    result["anchors"] = bench_anchors(model, opt, train_step, args)
     result["load_average_after"] = loadavg()
     model = opt = None  # frees them before the next set-up (closures read them, so no `del`)
     gc.collect()
     return result
+
+
+PRESET_SETTINGS = {"elastic_reset": {"decay": DECAY}, "reset_to_ema": {"decay": DECAY}, "ema_anchor": {"decay": DECAY},
+                   "ref_sync": {"alpha": 0.6}, "liti": {"eta": 0.5}}
+
+
+def bench_anchors(model, opt, train_step, args) -> dict:
+    """Each :class:`Anchor` preset as a loop pays for it: after each timed train step, ``update()`` (the EMA, where
+    the preset keeps one) and ``pull()``, weighted 1/17 as a pull every 17 steps; ratios taken per pair."""
+    out = {}
+    for name in PRESETS:
+        extra = {"optimizer": opt} if name == "ref_reset" else {}
+        anchor = Anchor.preset(name, model, every=RESET_EVERY, **PRESET_SETTINGS.get(name, {}), **extra)
+        pulls = bool(anchor.pulls)
+        train, update, pull = [], [], []
+        for i in range(args.warmup + args.repeats):
+            t = _timed(train_step)
+            u = _timed(anchor.update)
+            p = _timed(anchor.pull) if pulls else 0.0
+            if i >= args.warmup:
+                train.append(t), update.append(u), pull.append(p)
+        out[name] = {
+            "copies": sorted(anchor.copies),
+            "update_after_train_step_ms": statistics.median(update),
+            "pull_after_train_step_ms": statistics.median(pull),
+            "in_loop_amortised_pct_paired": statistics.median(
+                100.0 * (u + p / RESET_EVERY) / t for u, p, t in zip(update, pull, train)),
+        }
+        print(f"   anchor {name}: update {out[name]['update_after_train_step_ms']:.2f} ms, pull "
+              f"{out[name]['pull_after_train_step_ms']:.2f} ms, in the loop "
+              f"{out[name]['in_loop_amortised_pct_paired']:.3f} % of a train step", flush=True)
+        anchor = None
+        gc.collect()
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -266,6 +304,17 @@ def markdown_table(results: dict) -> str:
             f"| {_cell(r, 'step_amortised_measured')} | {_cell(r, 'step_amortised_derived')} | {_in_loop(r)} "
             f"| ≤ {r['target_pct']:g} % | {'yes' if r['meets_target'] else 'NO'} |"
         )
+    return "\n".join(lines)
+
+
+def anchors_table(results: dict) -> str:
+    """Per set-up and preset: (update + pull/17) after each train step, as a share of it, against the target."""
+    presets = list(next(iter(results.values()))["anchors"])
+    head = "| set-up | " + " | ".join(f"`{p}`" for p in presets) + " | target |"
+    lines = [head, "|" + "---|" * (len(presets) + 2)]
+    for name, r in results.items():
+        cells = [f"{r['anchors'][p]['in_loop_amortised_pct_paired']:.3f} %" for p in presets]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | ≤ {r['target_pct']:g} % |")
     return "\n".join(lines)
 
 
@@ -300,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     total_s = time.perf_counter() - t0
     load_after = loadavg()
     table = markdown_table(results)
-    print("\n" + table)
+    anchors = anchors_table(results)
+    print("\n" + table + "\n\nThe anchor presets, in the loop:\n" + anchors)
     print(f"\ntotal {total_s:.0f} s; load average before {load_before}, after {load_after}")
 
     record = {
@@ -318,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
         "markdown_table": table,
+        "anchors_markdown_table": anchors,
         "total_s": round(total_s, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
