@@ -67,6 +67,34 @@ def test_split_is_deterministic_disjoint_and_complete():
     assert len(small) == 100 and not set(small) & set(rest) and len(rest) == 900
     with pytest.raises(ValueError, match="pretrain_lines"):
         split_train(1000, pretrain_lines=1000)
+    none, every = split_train(1000, pretrain_lines=0)  # agents pretrained out of domain: every line is the game's
+    assert none == [] and every == list(range(1000))
+    with pytest.raises(ValueError, match="pretrain_lines"):
+        split_train(1000, pretrain_lines=-1)
+
+
+def test_out_of_domain_pretraining_text_is_tatoeba_with_its_own_dev_pairs(shared_data):
+    from elastic_reset.data.translation import load_pretrain_pairs
+    from elastic_reset.pretrain.translation import pretraining_text
+
+    fr_en = load_pretrain_pairs(shared_data, "fr-en")
+    assert len(fr_en["fr"]) == len(fr_en["en"]) == 165_479 and all(t == t.lower() for t in fr_en["en"][:200])
+    train = load_multi30k(shared_data, "train")
+    text = pretraining_text(shared_data, AgentConfig(), train)
+    assert text["fr-en"] == (fr_en["fr"], fr_en["en"]) and len(text["en-de"][0]) == 168_279
+    assert len(text["en"]) == len(set(text["en"])) < 165_479 + 168_279  # English of both directions, each once
+    dev = load_pretrain_pairs(shared_data, "fr-en", "dev")
+    assert text["dev"]["fr-en"] == (dev["fr"], dev["en"])  # early stopping on Tatoeba's dev, not on Multi30k val
+    assert not set(dev["en"][:300]) & set(text["en"])
+    shared = pretraining_text(shared_data, AgentConfig(pretrain_lines=1000), train)  # a stated Multi30k share
+    part = pretrain_part(train, pretrain_lines=1000)
+    assert shared["fr-en"][0][-1000:] == part["fr"] and shared["en-de"][1][-1000:] == part["de"]
+    in_domain = pretraining_text(shared_data, AgentConfig(corpus="multi30k"), train)
+    assert len(in_domain["fr-en"][0]) == 14_500 and in_domain["dev"]["en"] == load_multi30k(shared_data, "val")["en"]
+    with pytest.raises(ValueError, match="pair: expected one of fr-en, en-de"):
+        load_pretrain_pairs(shared_data, "de-en")
+    with pytest.raises(ValueError, match="corpus"):
+        pretraining_text(shared_data, AgentConfig(corpus="iwslt"), train)
 
 
 def test_game_half_has_no_english_and_misses_the_pretraining_lines(shared_data):
@@ -148,17 +176,22 @@ def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_p
     import json
     import shutil
 
-    half = get_task("translation_game", str(SHARED_DATA), agents=str(agents))
-    assert len(half.train_prompts) == 14_490  # the default half, 8 duplicate French sentences merged
+    train = load_multi30k(SHARED_DATA, "train")
+    everything = get_task("translation_game", str(SHARED_DATA), agents=str(agents))  # pretrained on Tatoeba
+    assert set(everything.train_prompts) == set(train["fr"])  # the whole of Multi30k train is the game's
+    assert len(everything.pretrain_texts) == 165_479 and everything.pretrain_texts[0][0] != train["fr"][0]
     other = tmp_path / "agents"
     shutil.copytree(agents, other)
     metrics = json.loads((other / "build_metrics.json").read_text())
     metrics["split"]["pretrain_lines"] = 4000
+    metrics["corpus"] = "multi30k"
     (other / "build_metrics.json").write_text(json.dumps(metrics))
     task = get_task("translation_game", str(SHARED_DATA), agents=str(other))
-    train = load_multi30k(SHARED_DATA, "train")
     assert set(task.train_prompts) == {fr for fr, _ in game_pairs(train, pretrain_lines=4000)}
     assert len(task.pretrain_texts) == 4000
+    del metrics["corpus"], metrics["split"]["pretrain_lines"]  # a build from before issue 39: the in-domain half
+    (other / "build_metrics.json").write_text(json.dumps(metrics))
+    assert len(get_task("translation_game", str(SHARED_DATA), agents=str(other)).train_prompts) == 14_490
     # Disjoint lines; a French sentence can still occur on a line of each part (Multi30k repeats a few).
     assert len(set(task.train_prompts) & {fr for fr, _ in task.pretrain_texts}) < 20
 

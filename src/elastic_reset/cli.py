@@ -16,8 +16,8 @@
     elastic-reset build imdb-policy [--data-dir ../shared/data] [--out DIR] [--steps N] [--force]
     elastic-reset build imdb-smollm2 [--data-dir ../shared/data] [--out DIR] [--steps N] [--batch-size B]
                   [--context T] [--lora-r R] [--lr LR] [--seed S] [--resume] [--force]
-    elastic-reset build translation-agents --data-dir ../shared/data [--out DIR] [--max-epochs N]
-                  [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda] [--force]
+    elastic-reset build translation-agents --data-dir ../shared/data [--out DIR] [--corpus tatoeba|multi30k]
+                  [--max-epochs N] [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda] [--force]
                   (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
@@ -204,7 +204,7 @@ def _build_translation_agents(args: argparse.Namespace) -> int:
     from elastic_reset.pretrain.translation import build_translation_agents
 
     out, metrics = build_translation_agents(args.data_dir, args.out, max_epochs=args.max_epochs,
-                                            pretrain_lines=args.pretrain_lines,
+                                            pretrain_lines=args.pretrain_lines, corpus=args.corpus,
                                             label_smoothing=args.label_smoothing, device=args.device,
                                             force=args.force)
     val = metrics["pretrained"]["val"]
@@ -365,8 +365,12 @@ def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
                         "translation_game task reads)")
     parser.add_argument("--max-epochs", type=_positive_int, default=None, help="at most this many epochs per model "
                         "(default 10; each stops early on its validation score)")
-    parser.add_argument("--pretrain-lines", type=_positive_int, default=None, help="lines of Multi30k train to "
-                        "pretrain on (default: half, 14,500); the game is played on the rest")
+    parser.add_argument("--corpus", choices=("tatoeba", "multi30k"), default="tatoeba", help="pretrain out of "
+                        "domain on translation-pretrain/ (Tatoeba, early-stopped on its dev pairs: the paper's "
+                        "set-up, default) or on a part of Multi30k train (the earlier in-domain agents)")
+    parser.add_argument("--pretrain-lines", type=_non_negative_int, default=None, help="lines of Multi30k train "
+                        "pretrained on too (tatoeba: default 0) or only (multi30k: default half, 14,500); the game "
+                        "is played on the rest")
     parser.add_argument("--label-smoothing", type=float, default=None, help="label smoothing of the pretraining "
                         "loss (default 0.1)")
     parser.add_argument("--device", default="auto", help="where to pretrain: cpu, cuda, cuda:N, or auto (CUDA when "

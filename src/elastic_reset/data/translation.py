@@ -1,9 +1,12 @@
-"""Multi30k (task 1, raw text, fr/en/de aligned line by line) and the Translation Game's split of its train lines.
+"""Multi30k (task 1, raw text, fr/en/de aligned line by line), the Translation Game's split of its train lines, and
+the out-of-domain pretraining text (Tatoeba fr-en and en-de, ``translation-pretrain/``).
 
 Text is lowercased as it is read (Lee et al. and the paper lowercase Multi30k). The 29,000 train lines are cut by
 a seeded shuffle into a **pretraining part** (all three languages: the agents' vocabulary and pretraining) and a
 **game part** (French–German pairs only: the game's prompts and the listener's targets; its English is never read).
-Validation is Multi30k ``val`` (1,014 lines), the final test ``test_2016_flickr`` (1,000).
+With agents pretrained out of domain, as the paper's (IWSLT there, Tatoeba here), the pretraining part is empty or
+a stated small share, and the game part is the rest. Validation is Multi30k ``val`` (1,014 lines), the final test
+``test_2016_flickr`` (1,000).
 """
 
 from __future__ import annotations
@@ -16,6 +19,29 @@ from elastic_reset.errors import DataFileError
 
 LANGS = ("fr", "en", "de")
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
+PRETRAIN_PAIRS = ("fr-en", "en-de")
+"""The directions of ``translation-pretrain/``: the speaker's and the listener's."""
+
+
+def _read_aligned(paths: dict[str, Path], what: str) -> dict[str, list[str]]:
+    """``{lang: lines}`` of line-aligned gzip files, lowercased; refused by file and line when one is missing, the
+    line counts differ, or a line is empty."""
+    out = {}
+    for lang, path in paths.items():
+        if not path.is_file():
+            raise DataFileError(f"{path}: missing (expected {what}, one sentence per line; see "
+                                "../shared/data/README.md)")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            out[lang] = [line.strip().lower() for line in f.read().splitlines()]
+    lengths = {lang: len(lines) for lang, lines in out.items()}
+    if len(set(lengths.values())) != 1:
+        raise DataFileError(f"{next(iter(paths.values())).parent}: the {what} files are not aligned (lines per "
+                            f"language: {lengths})")
+    for lang, lines in out.items():
+        empty = [i for i, t in enumerate(lines) if not t]
+        if empty:
+            raise DataFileError(f"{paths[lang]}:{empty[0] + 1}: empty line ({len(empty)} such)")
+    return out
 
 
 def load_multi30k(data_dir: str | Path, split: str) -> dict[str, list[str]]:
@@ -23,32 +49,30 @@ def load_multi30k(data_dir: str | Path, split: str) -> dict[str, list[str]]:
     Reads ``<data_dir>/multi30k/<file>.<lang>.gz``."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {', '.join(SPLITS)}, got {split!r}")
-    out = {}
-    for lang in LANGS:
-        path = Path(data_dir) / "multi30k" / f"{SPLITS[split]}.{lang}.gz"
-        if not path.is_file():
-            raise DataFileError(f"{path}: missing (expected Multi30k task 1, raw text, one sentence per line; "
-                                "see ../shared/data/README.md)")
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            out[lang] = [line.strip().lower() for line in f.read().splitlines()]
-    lengths = {lang: len(lines) for lang, lines in out.items()}
-    if len(set(lengths.values())) != 1:
-        raise DataFileError(f"{Path(data_dir) / 'multi30k'}: the {split} files are not aligned (lines per language: "
-                            f"{lengths})")
-    for lang, lines in out.items():
-        empty = [i for i, t in enumerate(lines) if not t]
-        if empty:
-            raise DataFileError(f"{Path(data_dir) / 'multi30k' / f'{SPLITS[split]}.{lang}.gz'}:{empty[0] + 1}: "
-                                f"empty line ({len(empty)} such)")
-    return out
+    folder = Path(data_dir) / "multi30k"
+    return _read_aligned({lang: folder / f"{SPLITS[split]}.{lang}.gz" for lang in LANGS},
+                         f"Multi30k task 1 {split}, raw text")
+
+
+def load_pretrain_pairs(data_dir: str | Path, pair: str, split: str = "train") -> dict[str, list[str]]:
+    """``{lang: lines}`` of one direction of the out-of-domain pretraining text (``pair``: ``fr-en`` or ``en-de``;
+    ``split``: ``train`` or ``dev``), lowercased as Multi30k is. Reads ``<data_dir>/translation-pretrain/
+    <split>.<pair>.<lang>.gz`` (Tatoeba; no sentence of a dev pair is in either train file)."""
+    if pair not in PRETRAIN_PAIRS:
+        raise ValueError(f"pair: expected one of {', '.join(PRETRAIN_PAIRS)}, got {pair!r}")
+    if split not in ("train", "dev"):
+        raise ValueError(f"split: expected train or dev, got {split!r}")
+    folder = Path(data_dir) / "translation-pretrain"
+    return _read_aligned({lang: folder / f"{split}.{pair}.{lang}.gz" for lang in pair.split("-")},
+                         f"translation-pretrain {split} {pair} text")
 
 
 def split_train(n_lines: int, seed: int = 0, pretrain_lines: int | None = None) -> tuple[list[int], list[int]]:
     """Line indices of the pretraining part and the game part of Multi30k train: a seeded shuffle cut after
-    ``pretrain_lines`` (default: half)."""
+    ``pretrain_lines`` (default: half; 0: every line is the game's, for agents pretrained out of domain)."""
     cut = n_lines // 2 if pretrain_lines is None else pretrain_lines
-    if not 0 < cut < n_lines:
-        raise ValueError(f"pretrain_lines: expected 1 to {n_lines - 1}, got {pretrain_lines}")
+    if not 0 <= cut < n_lines:
+        raise ValueError(f"pretrain_lines: expected 0 to {n_lines - 1}, got {pretrain_lines}")
     order = list(range(n_lines))
     random.Random(f"multi30k-split-{seed}").shuffle(order)
     return sorted(order[:cut]), sorted(order[cut:])

@@ -1,26 +1,28 @@
 """The Translation Game's agents (Elastic Reset §4 and Appendix A; Lee et al. 2019), built at CPU scale.
 
-The paper pretrains a FR→EN and an EN→DE Transformer on IWSLT, then plays FR→EN→DE on Multi30k with French and
-German only. IWSLT is not available here, so ``elastic-reset build translation-agents`` splits the 29,000 aligned
-Multi30k *train* lines in two disjoint parts by a seeded shuffle (halves by default; ``--pretrain-lines`` sets the
-size of the first; the data and its split: :mod:`elastic_reset.data.translation`):
+The paper pretrains a FR→EN and an EN→DE Transformer on IWSLT (TED talks), then plays FR→EN→DE on Multi30k (image
+captions) with French and German only. ``elastic-reset build translation-agents`` does the same out of domain with
+the text that can be had offline (``--corpus tatoeba``, the default; issue 39): Tatoeba's fr-en and en-de pairs
+(``translation-pretrain/``: short everyday sentences, none in Multi30k), early-stopped on Tatoeba's dev pairs as the
+paper's on IWSLT's; the whole of Multi30k train is then the game's (``--pretrain-lines N`` adds a stated share of
+it to the pretraining). Of the paper's task gain, most (+7.0 of REINFORCE's +9.4 BLEU) is this domain adaptation,
+which FROZEN ENGLISH already reaches.
 
-- the **pretraining half** (all three languages): a joint subword vocabulary (``tokenizers`` BPE over fr+en+de),
-  the FR→EN *speaker* and the EN→DE *listener* (small pre-LN encoder–decoders, transformers' M2M100
-  architecture), and an English LM (a small GPT-2) for the KL-to-an-LM baseline (the paper's LSTM LM on IWSLT
-  English, §4);
-- the **game half**: FR–DE pairs only (:func:`~elastic_reset.data.translation.game_pairs`). Its English is never
-  read by anything.
+``--corpus multi30k`` is the earlier in-domain set-up: the 29,000 aligned Multi30k *train* lines cut in two disjoint
+parts by a seeded shuffle (halves by default), the first for pretraining (all three languages), the second the
+game's (FR–DE pairs only, :func:`~elastic_reset.data.translation.game_pairs`: its English is never read); the
+agents early-stop on Multi30k val. The data and its split: :mod:`elastic_reset.data.translation`.
 
-Both halves come from the same domain, so, unlike the paper's IWSLT agents, ours start in-domain: the paper's
-early gain in FR→EN BLEU from adapting to Multi30k (§4, "all learning models initially improve FR→EN") should not
-be expected here. Validation is Multi30k ``val`` (1,014 lines), the final test ``test_2016_flickr`` (1,000).
+Either way: a joint subword vocabulary (``tokenizers`` BPE over the pretraining fr+en+de), the FR→EN *speaker* and
+the EN→DE *listener* (small pre-LN encoder–decoders, transformers' M2M100 architecture), and an English LM (a small
+GPT-2) on the pretraining English for the KL-to-an-LM baseline (the paper's LSTM LM on IWSLT English, §4). The
+PRETRAINED row is measured on all of Multi30k val (1,014 lines) and ``test_2016_flickr`` (1,000).
 
 Text is lowercased before anything sees it (Lee et al. and the paper lowercase Multi30k; the paper tokenizes with
 Moses first, A.3). The vocabulary's Metaspace pre-tokenizer keeps the spaces in the tokens, so decoding gives
 plain text back and BLEU is sacreBLEU's on detokenized, lowercased text (paper A.1: "detokenized sacreBLEU").
 Agents are pretrained with label smoothing 0.1 and AdamW (fairseq's IWSLT recipe, A.2), early-stopped on greedy
-val BLEU.
+validation BLEU.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.data.translation import load_multi30k, pretrain_part
+from elastic_reset.data.translation import load_multi30k, load_pretrain_pairs, pretrain_part
 from elastic_reset.io import save_folder_atomically
 from elastic_reset.lm.batching import length_grouped_batches
 from elastic_reset.lm.device import resolve_device
@@ -43,6 +45,8 @@ from elastic_reset.lm.scoring import label_smoothed_loss, sequence_nll, token_nl
 PAD, EOS, BOS, UNK = "<pad>", "</s>", "<s>", "<unk>"
 AGENTS = ("fr-en", "en-de", "en-lm")
 """The three model folders a build writes (speaker, listener, English LM), each with the shared tokenizer."""
+CORPORA = ("tatoeba", "multi30k")
+"""What the agents are pretrained on: Tatoeba, out of domain (the paper's set-up), or a part of Multi30k train."""
 
 
 # ------------------------------------------------------------------------------------------------------- BLEU
@@ -110,9 +114,19 @@ class AgentConfig:
     seed: int = 0
     """Seeds the weights and the batch order (the train split has its own fixed seed,
     :func:`~elastic_reset.data.translation.split_train`)."""
+    corpus: str = "tatoeba"
+    """``tatoeba``: pretrain out of domain on ``translation-pretrain/`` and early-stop on its dev pairs (the paper's
+    set-up, IWSLT there); ``multi30k``: pretrain on a part of Multi30k train, early-stop on Multi30k val."""
     pretrain_lines: int | None = None
-    """Lines of Multi30k train the agents are pretrained on (default: half, 14,500); the game is played on the
-    rest. Recorded in ``build_metrics.json``, where the task reads it back."""
+    """Lines of Multi30k train the agents are also (``tatoeba``: default 0) or only (``multi30k``: default half,
+    14,500) pretrained on; the game is played on the rest. Recorded in ``build_metrics.json``, where the task reads
+    it back."""
+
+    def multi30k_lines(self, n_train: int) -> int:
+        """The lines of Multi30k train in the pretraining, this corpus's default resolved."""
+        if self.pretrain_lines is not None:
+            return self.pretrain_lines
+        return 0 if self.corpus == "tatoeba" else n_train // 2
 
 
 def build_translator(config: AgentConfig, tokenizer):
@@ -246,33 +260,60 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
             "en_de_bleu": bleu(greedy_translate(listener, tokenizer, split["en"]), split["de"])}
 
 
+def pretraining_text(data_dir: str | Path, config: AgentConfig, train: dict[str, list[str]]) -> dict:
+    """What each agent is pretrained and early-stopped on: ``{"fr-en": (sources, targets), "en-de": (...), "en":
+    texts, "dev": {"fr-en": (...), "en-de": (...), "en": texts}}`` for the config's corpus (the Tatoeba pairs, plus
+    ``pretrain_lines`` of Multi30k train; or that part of Multi30k alone, with Multi30k val as dev)."""
+    if config.corpus not in CORPORA:
+        raise ValueError(f"corpus: expected one of {', '.join(CORPORA)}, got {config.corpus!r}")
+    lines = config.multi30k_lines(len(train["fr"]))
+    part = pretrain_part(train, pretrain_lines=lines)
+    if config.corpus == "multi30k":
+        val = load_multi30k(data_dir, "val")
+        return {"fr-en": (part["fr"], part["en"]), "en-de": (part["en"], part["de"]), "en": part["en"],
+                "dev": {"fr-en": (val["fr"], val["en"]), "en-de": (val["en"], val["de"]), "en": val["en"]}}
+    fr_en, en_de = load_pretrain_pairs(data_dir, "fr-en"), load_pretrain_pairs(data_dir, "en-de")
+    dev_fr_en, dev_en_de = load_pretrain_pairs(data_dir, "fr-en", "dev"), load_pretrain_pairs(data_dir, "en-de", "dev")
+    # English occurs in both directions (47,566 sentences in both train files): the LM reads each sentence once.
+    english = list(dict.fromkeys(fr_en["en"] + en_de["en"] + part["en"]))
+    return {"fr-en": (fr_en["fr"] + part["fr"], fr_en["en"] + part["en"]),
+            "en-de": (en_de["en"] + part["en"], en_de["de"] + part["de"]), "en": english,
+            "dev": {"fr-en": (dev_fr_en["fr"], dev_fr_en["en"]), "en-de": (dev_en_de["en"], dev_en_de["de"]),
+                    "en": list(dict.fromkeys(dev_fr_en["en"] + dev_en_de["en"]))}}
+
+
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
                  log=print, device: str = "cpu") -> dict:
     """Everything ``elastic-reset build translation-agents`` writes into ``out`` (atomically, as one folder):
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
-    ``build_metrics.json``. ``limit`` caps the pretraining pairs and validation lines (for tests). ``device``:
-    where to train (``auto``: CUDA when present); the folder holds the weights the same way either way."""
+    ``build_metrics.json``. ``limit`` caps the pretraining pairs and the dev, val and test lines (for tests).
+    ``device``: where to train (``auto``: CUDA when present); the folder holds the weights the same way either
+    way."""
     device = resolve_device(device, "--device")
     t_start = time.perf_counter()
-    part = pretrain_part(load_multi30k(data_dir, "train"), pretrain_lines=config.pretrain_lines)
+    train = load_multi30k(data_dir, "train")
+    text = pretraining_text(data_dir, config, train)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
     if limit is not None:
-        part = {lang: lines[:limit] for lang, lines in part.items()}
+        cut = lambda x: tuple(side[:limit] for side in x) if isinstance(x, tuple) else x[:limit]  # noqa: E731
+        text = {k: ({d: cut(v) for d, v in x.items()} if k == "dev" else cut(x)) for k, x in text.items()}
         val = {lang: lines[:limit] for lang, lines in val.items()}
         test = {lang: lines[:limit] for lang, lines in test.items()}
-    tokenizer = train_tokenizer(part["fr"] + part["en"] + part["de"], config.vocab_size)
-    log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {len(part['fr']):,} pretraining "
-        f"lines x 3 languages")
-    speaker, speaker_info = pretrain_translator(part["fr"], part["en"], val["fr"], val["en"], tokenizer, config,
-                                                "fr-en", log, device)
-    listener, listener_info = pretrain_translator(part["en"], part["de"], val["en"], val["de"], tokenizer, config,
-                                                  "en-de", log, device)
-    lm, lm_info = pretrain_english_lm(part["en"], val["en"], tokenizer, config, log, device)
+    (fr, en), (en2, de) = text["fr-en"], text["en-de"]
+    tokenizer = train_tokenizer(fr + en + en2 + de, config.vocab_size)
+    log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {config.corpus} "
+        f"({len(fr):,} fr-en and {len(en2):,} en-de pairs, {config.multi30k_lines(len(train['fr'])):,} of them "
+        "Multi30k lines)")
+    dev = text["dev"]
+    speaker, speaker_info = pretrain_translator(fr, en, *dev["fr-en"], tokenizer, config, "fr-en", log, device)
+    listener, listener_info = pretrain_translator(en2, de, *dev["en-de"], tokenizer, config, "en-de", log, device)
+    lm, lm_info = pretrain_english_lm(text["en"], dev["en"], tokenizer, config, log, device)
     metrics = {
         "agents": {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info},
         "pretrained": {"val": pretrained_scores(speaker, listener, tokenizer, val),
                        "test": pretrained_scores(speaker, listener, tokenizer, test)},
-        "pretrain_lines": len(part["fr"]), "split": {"seed": 0, "pretrain_lines": config.pretrain_lines},
+        "corpus": config.corpus, "pretrain_pairs": {"fr-en": len(fr), "en-de": len(en2), "en": len(text["en"])},
+        "split": {"seed": 0, "pretrain_lines": config.multi30k_lines(len(train["fr"]))},
         "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
         "torch_threads": torch.get_num_threads(), "device": str(device),
     }
@@ -292,7 +333,8 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
 
 def build_translation_agents(data_dir: str | Path, out: str | Path | None = None, *, max_epochs: int | None = None,
                              pretrain_lines: int | None = None, label_smoothing: float | None = None,
-                             device: str = "auto", force: bool = False, log=print) -> tuple[Path, dict]:
+                             corpus: str = "tatoeba", device: str = "auto", force: bool = False,
+                             log=print) -> tuple[Path, dict]:
     """``elastic-reset build translation-agents``: :func:`build_agents` with :class:`AgentConfig`'s defaults but for
     the settings given, into ``out`` (default: where the ``translation_game`` task looks). Returns (out, metrics)."""
     from elastic_reset.models import translation_agents_path
@@ -300,7 +342,7 @@ def build_translation_agents(data_dir: str | Path, out: str | Path | None = None
     out = Path(out) if out else translation_agents_path(required=False)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
-    config = AgentConfig(pretrain_lines=pretrain_lines)
+    config = AgentConfig(pretrain_lines=pretrain_lines, corpus=corpus)
     if max_epochs is not None:
         config = replace(config, max_epochs=max_epochs)
     if label_smoothing is not None:

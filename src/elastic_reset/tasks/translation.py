@@ -3,16 +3,17 @@
 The policy is the FR→EN *speaker* (``model.name: translation-fr-en``). For a French sentence it writes an English
 message; the EN→DE *listener* (:class:`~elastic_reset.rewards.listener.ListenerReward`) reads it, and the reward is
 how well the listener recovers the true German. The listener trains on every batch (cross-entropy on the sampled
-English and the true German), so the game is played with French–German pairs only: the game half of Multi30k
-train (:func:`~elastic_reset.data.translation.game_pairs`), whose English nothing reads.
+English and the true German), so the game is played with French–German pairs only: the lines of Multi30k train
+the agents were not pretrained on (:func:`~elastic_reset.data.translation.game_pairs`; all of them for agents
+pretrained out of domain, the default build), whose English nothing reads.
 
 - **Task score**: FR→EN→DE BLEU (``eval/task_bleu``): the listener's greedy German from the speaker's English
   against the true German. Set ``eval.greedy: true`` so that the speaker's messages are greedy too.
 - **Drift**: FR→EN BLEU (``eval/drift_bleu``) of the speaker's English against the true English, which the game never
   sees: the paper's exact measure of language drift. Higher is better.
 - Validation: Multi30k ``val``; test (``test/...``, once after the last iteration): ``test_2016_flickr``.
-- ``pretrain_texts``: (French, English) pairs of the pretraining half, for the multitask / S2P loss.
-- ``reference_lm``: the English LM of the pretraining half, for ``kl.reference: lm`` (the paper's KL PENALTY).
+- ``pretrain_texts``: the speaker's (French, English) pretraining pairs, for the multitask / S2P loss.
+- ``reference_lm``: the English LM of the pretraining text, for ``kl.reference: lm`` (the paper's KL PENALTY).
 
 Build the agents first: ``elastic-reset build translation-agents --data-dir ../shared/data``. The data and its split:
 :mod:`elastic_reset.data.translation`; BLEU: :func:`elastic_reset.pretrain.translation.bleu` (the agents' build
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from elastic_reset.data.translation import game_pairs, load_multi30k, pretrain_part
+from elastic_reset.data.translation import game_pairs, load_multi30k, load_pretrain_pairs, pretrain_part
 from elastic_reset.errors import ConfigError
 from elastic_reset.pretrain.translation import bleu
 from elastic_reset.rewards.listener import ListenerReward
@@ -49,8 +50,9 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
     train = load_multi30k(data_dir, "train")
     # The split the agents were pretrained with: the game must be played on the lines they never saw.
     metrics_path = agents_dir / "build_metrics.json"
-    built = json.loads(metrics_path.read_text()).get("split", {}) if metrics_path.is_file() else {}
-    pretrain_lines = built.get("pretrain_lines")  # None: the default half
+    built = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    corpus = built.get("corpus", "multi30k")  # builds before issue 39 were in-domain
+    pretrain_lines = built.get("split", {}).get("pretrain_lines")  # None: the default half
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
 
     german_of: dict[str, str] = {}
@@ -69,7 +71,11 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
                 "task_bleu": bleu(german, [german_of[p] for p in prompts])}
 
     part = pretrain_part(train, pretrain_lines=pretrain_lines)
+    pretrain = list(zip(part["fr"], part["en"]))
+    if corpus == "tatoeba":
+        tatoeba = load_pretrain_pairs(data_dir, "fr-en")
+        pretrain = list(zip(tatoeba["fr"], tatoeba["en"])) + pretrain
     return Task(name="translation_game", train_prompts=game_prompts, eval_prompts=list(val["fr"]),
-                reward_fn=listener, reference_texts=[], pretrain_texts=list(zip(part["fr"], part["en"])),
+                reward_fn=listener, reference_texts=[], pretrain_texts=pretrain,
                 metrics_fn=metrics, test_prompts=list(test["fr"]), score_key="task_bleu", drift_key="drift_bleu",
                 reference_lm=str(agents_dir / "en-lm"))
