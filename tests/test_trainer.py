@@ -208,6 +208,11 @@ def test_evaluation_reports_drift_and_never_changes_training(tmp_path):
     assert evals[0]["eval/kl_init"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the reference
     assert all(r["eval/perplexity"] > 1 for r in evals)
     assert all("eval_ema/perplexity" in r for r in evals)
+    assert all(r["eval/response_length"] == 12 for r in evals)  # tiny.yaml: min_new_tokens = max_new_tokens = 12
+    fixed = RLTrainer(tiny_config("steps=1", "eval.every=1", "sampling.min_new_tokens=5", "sampling.max_new_tokens=5",
+                                  "algo.adam_beta2=0.98"), tmp_path / "c")
+    assert fixed.optimizer.param_groups[0]["betas"] == (0.9, 0.98)  # SIL's Adam (fairseq's Transformer recipe)
+    assert [r["eval/response_length"] for r in fixed.train() if "eval/reward" in r] == [5.0, 5.0]
 
 
 def test_evaluation_samples_several_completions_per_prompt(tmp_path):

@@ -187,6 +187,9 @@ class AlgoConfig(Section):
     """Gradient clipping by global norm (None: off)."""
     adam_eps: PositiveFloat = 1e-8
     """Adam ε."""
+    adam_beta2: Annotated[float, Field(gt=0, lt=1)] = 0.999
+    """Adam β2, the second moment's decay (0.98: fairseq's Transformer recipe, which the Translation Game's SIL
+    settings use)."""
     weight_decay: NonNegativeFloat = 0.0
     """AdamW weight decay."""
 

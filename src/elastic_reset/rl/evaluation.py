@@ -153,7 +153,7 @@ class Evaluator:
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
-        scores, completions, kls, all_prompts = [], [], [], []
+        scores, completions, kls, all_prompts, lengths = [], [], [], [], []
         for chunk, rollout, texts in self._samples(prompts):
             chunk_scores, keep = self.reward(chunk, texts)
             logp = self.policy.score(rollout).logprobs
@@ -161,6 +161,7 @@ class Evaluator:
                 ref_logp = self.policy.score(rollout, ref).logprobs
             mask = rollout.response_mask.float()
             kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
+            lengths.append(mask.sum(1))
             scores.append(chunk_scores[keep])
             completions.extend(texts)
             all_prompts.extend(chunk)
@@ -168,6 +169,7 @@ class Evaluator:
         record = {
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
+            f"{prefix}/response_length": float(torch.cat(lengths).mean()),
         }
         if against in self.initial:
             if against not in self._initial_scores:

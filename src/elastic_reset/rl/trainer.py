@@ -119,7 +119,7 @@ class RLTrainer:
         self.value_head = self.estimator.value_head
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
-                                           weight_decay=config.algo.weight_decay)
+                                           betas=(0.9, config.algo.adam_beta2), weight_decay=config.algo.weight_decay)
         self.kl_ctl = (ops.AdaptiveKLController(config.kl.coef, config.kl.target, config.kl.horizon)
                        if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
         self.method = build_method(config.method)
