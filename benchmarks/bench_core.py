@@ -260,7 +260,9 @@ def bench_anchors(model, opt, train_step, args) -> dict:
             u = _timed(anchor.update)
             p = _timed(anchor.pull) if pulls else 0.0
             if i >= args.warmup:
-                train.append(t), update.append(u), pull.append(p)
+                train.append(t)
+                update.append(u)
+                pull.append(p)
         out[name] = {
             "copies": sorted(anchor.copies),
             "update_after_train_step_ms": statistics.median(update),

@@ -292,6 +292,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     device = resolve_device(device, "--device")
     t_start = time.perf_counter()
     train = load_multi30k(data_dir, "train")
+    multi30k_lines = config.multi30k_lines(len(train["fr"]))
     text = pretraining_text(data_dir, config, train)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
     if limit is not None:
@@ -302,7 +303,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     (fr, en), (en2, de) = text["fr-en"], text["en-de"]
     tokenizer = train_tokenizer(fr + en + en2 + de, config.vocab_size)
     log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {config.corpus} "
-        f"({len(fr):,} fr-en and {len(en2):,} en-de pairs, {config.multi30k_lines(len(train['fr'])):,} of them "
+        f"({len(fr):,} fr-en and {len(en2):,} en-de pairs, {multi30k_lines:,} of them "
         "Multi30k lines)")
     dev = text["dev"]
     speaker, speaker_info = pretrain_translator(fr, en, *dev["fr-en"], tokenizer, config, "fr-en", log, device)
@@ -313,7 +314,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         "pretrained": {"val": pretrained_scores(speaker, listener, tokenizer, val),
                        "test": pretrained_scores(speaker, listener, tokenizer, test)},
         "corpus": config.corpus, "pretrain_pairs": {"fr-en": len(fr), "en-de": len(en2), "en": len(text["en"])},
-        "split": {"seed": 0, "pretrain_lines": config.multi30k_lines(len(train["fr"]))},
+        "split": {"seed": 0, "pretrain_lines": multi30k_lines},
         "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
         "torch_threads": torch.get_num_threads(), "device": str(device),
     }

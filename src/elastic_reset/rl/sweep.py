@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +32,21 @@ def interpolated(trainer, lam: float, toward: str = "init") -> Iterator[None]:
     """The trainer's model holds θ_a + λ·(θ − θ_a) inside the block; its own weights are restored exactly after."""
     params = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     saved = {n: p.detach().clone() for n, p in params.items()}
+    second_adapter = nullcontext()
     with torch.no_grad():
         if trainer.is_lora:
             for name, p in params.items():
                 if ".lora_B." in name:
                     p.mul_(lam)
             if toward == "ema":
-                stack = _ema_adapter(trainer, _anchor(trainer, toward, params), 1.0 - lam)
+                second_adapter = _ema_adapter(trainer, _anchor(trainer, toward, params), 1.0 - lam)
         else:
             anchor = _anchor(trainer, toward, params)
             for name, p in params.items():
                 a = anchor[name].to(p.device, p.dtype)
                 p.copy_(a + lam * (saved[name] - a))
     try:
-        if trainer.is_lora and toward == "ema":
-            with stack:
-                yield
-        else:
+        with second_adapter:
             yield
     finally:
         with torch.no_grad():
