@@ -74,27 +74,28 @@ def test_split_is_deterministic_disjoint_and_complete():
 
 
 def test_out_of_domain_pretraining_text_is_tatoeba_with_its_own_dev_pairs(shared_data):
-    from elastic_reset.data.translation import load_pretrain_pairs
-    from elastic_reset.pretrain.translation import pretraining_text
+    from elastic_reset.data.translation import load_pretrain_pairs, pretraining_dev, pretraining_text
 
     fr_en = load_pretrain_pairs(shared_data, "fr-en")
     assert len(fr_en["fr"]) == len(fr_en["en"]) == 165_479 and all(t == t.lower() for t in fr_en["en"][:200])
     train = load_multi30k(shared_data, "train")
-    text = pretraining_text(shared_data, AgentConfig(), train)
+    text = pretraining_text(shared_data, "tatoeba", train, 0)
     assert text["fr-en"] == (fr_en["fr"], fr_en["en"]) and len(text["en-de"][0]) == 168_279
     assert len(text["en"]) == len(set(text["en"])) < 165_479 + 168_279  # English of both directions, each once
     dev = load_pretrain_pairs(shared_data, "fr-en", "dev")
-    assert text["dev"]["fr-en"] == (dev["fr"], dev["en"])  # early stopping on Tatoeba's dev, not on Multi30k val
+    # early stopping on Tatoeba's dev, not on Multi30k val
+    assert pretraining_dev(shared_data, "tatoeba")["fr-en"] == (dev["fr"], dev["en"])
     assert not set(dev["en"][:300]) & set(text["en"])
-    shared = pretraining_text(shared_data, AgentConfig(pretrain_lines=1000), train)  # a stated Multi30k share
+    shared = pretraining_text(shared_data, "tatoeba", train, 1000)  # a stated Multi30k share
     part = pretrain_part(train, pretrain_lines=1000)
     assert shared["fr-en"][0][-1000:] == part["fr"] and shared["en-de"][1][-1000:] == part["de"]
-    in_domain = pretraining_text(shared_data, AgentConfig(corpus="multi30k"), train)
-    assert len(in_domain["fr-en"][0]) == 14_500 and in_domain["dev"]["en"] == load_multi30k(shared_data, "val")["en"]
+    in_domain = pretraining_text(shared_data, "multi30k", train)
+    assert len(in_domain["fr-en"][0]) == 14_500
+    assert pretraining_dev(shared_data, "multi30k")["en"] == load_multi30k(shared_data, "val")["en"]
     with pytest.raises(ValueError, match="pair: expected one of fr-en, en-de"):
         load_pretrain_pairs(shared_data, "de-en")
     with pytest.raises(ValueError, match="corpus"):
-        pretraining_text(shared_data, AgentConfig(corpus="iwslt"), train)
+        pretraining_text(shared_data, "iwslt", train)
 
 
 def test_game_half_has_no_english_and_misses_the_pretraining_lines(shared_data):
@@ -194,6 +195,16 @@ def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_p
     assert len(get_task("translation_game", str(SHARED_DATA), agents=str(other)).train_prompts) == 14_490
     # Disjoint lines; a French sentence can still occur on a line of each part (Multi30k repeats a few).
     assert len(set(task.train_prompts) & {fr for fr, _ in task.pretrain_texts}) < 20
+
+
+def test_task_metrics_report_each_bleu_with_its_length_ratio(agents):
+    val = load_multi30k(SHARED_DATA, "val")
+    task = get_task("translation_game", str(SHARED_DATA), agents=str(agents))
+    prompts, english = val["fr"][:20], val["en"][:20]
+    exact = task.metrics_fn(prompts, english)
+    assert exact["drift_bleu"] == pytest.approx(100.0) and exact["drift_length_ratio"] == pytest.approx(1.0)
+    doubled = task.metrics_fn(prompts, [f"{e} {e}" for e in english])  # a longer message: no brevity penalty
+    assert doubled["drift_length_ratio"] == pytest.approx(2.0, rel=0.01) and doubled["task_length_ratio"] > 0
 
 
 def test_listener_update_lowers_its_loss_on_the_batch(agents):

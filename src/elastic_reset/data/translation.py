@@ -21,6 +21,8 @@ LANGS = ("fr", "en", "de")
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
 PRETRAIN_PAIRS = ("fr-en", "en-de")
 """The directions of ``translation-pretrain/``: the speaker's and the listener's."""
+CORPORA = ("tatoeba", "multi30k")
+"""What the agents are pretrained on: Tatoeba, out of domain (the paper's set-up), or a part of Multi30k train."""
 
 
 def _read_aligned(paths: dict[str, Path], what: str) -> dict[str, list[str]]:
@@ -90,3 +92,37 @@ def game_pairs(train: dict[str, list[str]], seed: int = 0, pretrain_lines: int |
     """The game part as (French, German) pairs; the English of these lines is dropped here."""
     _, idx = split_train(len(train["fr"]), seed, pretrain_lines)
     return [(train["fr"][i], train["de"][i]) for i in idx]
+
+
+def _check_corpus(corpus: str) -> None:
+    if corpus not in CORPORA:
+        raise ValueError(f"corpus: expected one of {', '.join(CORPORA)}, got {corpus!r}")
+
+
+def pretraining_text(data_dir: str | Path, corpus: str, train: dict[str, list[str]],
+                     pretrain_lines: int | None = None) -> dict:
+    """What the agents are pretrained on: ``{"fr-en": (French, English), "en-de": (English, German), "en": the
+    English LM's texts}``. ``tatoeba``: the Tatoeba pairs, then ``pretrain_lines`` of Multi30k train (a stated
+    share, 0 by default at the build); ``multi30k``: that part of Multi30k alone (``None``: half). The speaker's
+    pairs are also what the multitask / S2P loss rehearses, so the build and the task read them here."""
+    _check_corpus(corpus)
+    part = pretrain_part(train, pretrain_lines=pretrain_lines)
+    if corpus == "multi30k":
+        return {"fr-en": (part["fr"], part["en"]), "en-de": (part["en"], part["de"]), "en": part["en"]}
+    fr_en, en_de = load_pretrain_pairs(data_dir, "fr-en"), load_pretrain_pairs(data_dir, "en-de")
+    # English occurs in both directions (47,566 sentences in both train files): the LM reads each sentence once.
+    return {"fr-en": (fr_en["fr"] + part["fr"], fr_en["en"] + part["en"]),
+            "en-de": (en_de["en"] + part["en"], en_de["de"] + part["de"]),
+            "en": list(dict.fromkeys(fr_en["en"] + en_de["en"] + part["en"]))}
+
+
+def pretraining_dev(data_dir: str | Path, corpus: str) -> dict:
+    """What the pretraining early-stops on, keyed as :func:`pretraining_text`: Tatoeba's dev pairs (never Multi30k,
+    whose val scores the game), or Multi30k val for agents pretrained on Multi30k."""
+    _check_corpus(corpus)
+    if corpus == "multi30k":
+        val = load_multi30k(data_dir, "val")
+        return {"fr-en": (val["fr"], val["en"]), "en-de": (val["en"], val["de"]), "en": val["en"]}
+    fr_en, en_de = load_pretrain_pairs(data_dir, "fr-en", "dev"), load_pretrain_pairs(data_dir, "en-de", "dev")
+    return {"fr-en": (fr_en["fr"], fr_en["en"]), "en-de": (en_de["en"], en_de["de"]),
+            "en": list(dict.fromkeys(fr_en["en"] + en_de["en"]))}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.data.translation import load_multi30k, load_pretrain_pairs, pretrain_part
+from elastic_reset.data.translation import load_multi30k, pretraining_dev, pretraining_text
 from elastic_reset.io import save_folder_atomically
 from elastic_reset.lm.batching import length_grouped_batches
 from elastic_reset.lm.device import resolve_device
@@ -45,19 +45,22 @@ from elastic_reset.lm.scoring import label_smoothed_loss, sequence_nll, token_nl
 PAD, EOS, BOS, UNK = "<pad>", "</s>", "<s>", "<unk>"
 AGENTS = ("fr-en", "en-de", "en-lm")
 """The three model folders a build writes (speaker, listener, English LM), each with the shared tokenizer."""
-CORPORA = ("tatoeba", "multi30k")
-"""What the agents are pretrained on: Tatoeba, out of domain (the paper's set-up), or a part of Multi30k train."""
 
 
 # ------------------------------------------------------------------------------------------------------- BLEU
-def bleu(hypotheses: list[str], references: list[str]) -> float:
-    """Corpus BLEU (sacreBLEU's defaults: 13a tokenization, ``exp`` smoothing of zero n-gram counts) of detokenized
-    text, one reference per hypothesis; 0-100."""
+def bleu_score(hypotheses: list[str], references: list[str]):
+    """sacreBLEU's corpus BLEU (its defaults: 13a tokenization, ``exp`` smoothing of zero n-gram counts) of
+    detokenized text, one reference per hypothesis: the score (0-100) with its brevity penalty and lengths."""
     import sacrebleu
 
     if len(hypotheses) != len(references):
         raise ValueError(f"bleu: {len(hypotheses)} hypotheses for {len(references)} references")
-    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    return sacrebleu.corpus_bleu(hypotheses, [references])
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+    """Corpus BLEU, 0-100 (:func:`bleu_score`)."""
+    return float(bleu_score(hypotheses, references).score)
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
@@ -260,28 +263,6 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
             "en_de_bleu": bleu(greedy_translate(listener, tokenizer, split["en"]), split["de"])}
 
 
-def pretraining_text(data_dir: str | Path, config: AgentConfig, train: dict[str, list[str]]) -> dict:
-    """What each agent is pretrained and early-stopped on: ``{"fr-en": (sources, targets), "en-de": (...), "en":
-    texts, "dev": {"fr-en": (...), "en-de": (...), "en": texts}}`` for the config's corpus (the Tatoeba pairs, plus
-    ``pretrain_lines`` of Multi30k train; or that part of Multi30k alone, with Multi30k val as dev)."""
-    if config.corpus not in CORPORA:
-        raise ValueError(f"corpus: expected one of {', '.join(CORPORA)}, got {config.corpus!r}")
-    lines = config.multi30k_lines(len(train["fr"]))
-    part = pretrain_part(train, pretrain_lines=lines)
-    if config.corpus == "multi30k":
-        val = load_multi30k(data_dir, "val")
-        return {"fr-en": (part["fr"], part["en"]), "en-de": (part["en"], part["de"]), "en": part["en"],
-                "dev": {"fr-en": (val["fr"], val["en"]), "en-de": (val["en"], val["de"]), "en": val["en"]}}
-    fr_en, en_de = load_pretrain_pairs(data_dir, "fr-en"), load_pretrain_pairs(data_dir, "en-de")
-    dev_fr_en, dev_en_de = load_pretrain_pairs(data_dir, "fr-en", "dev"), load_pretrain_pairs(data_dir, "en-de", "dev")
-    # English occurs in both directions (47,566 sentences in both train files): the LM reads each sentence once.
-    english = list(dict.fromkeys(fr_en["en"] + en_de["en"] + part["en"]))
-    return {"fr-en": (fr_en["fr"] + part["fr"], fr_en["en"] + part["en"]),
-            "en-de": (en_de["en"] + part["en"], en_de["de"] + part["de"]), "en": english,
-            "dev": {"fr-en": (dev_fr_en["fr"], dev_fr_en["en"]), "en-de": (dev_en_de["en"], dev_en_de["de"]),
-                    "en": list(dict.fromkeys(dev_fr_en["en"] + dev_en_de["en"]))}}
-
-
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
                  log=print, device: str = "cpu") -> dict:
     """Everything ``elastic-reset build translation-agents`` writes into ``out`` (atomically, as one folder):
@@ -293,7 +274,8 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     t_start = time.perf_counter()
     train = load_multi30k(data_dir, "train")
     multi30k_lines = config.multi30k_lines(len(train["fr"]))
-    text = pretraining_text(data_dir, config, train)
+    text = pretraining_text(data_dir, config.corpus, train, multi30k_lines)
+    text["dev"] = pretraining_dev(data_dir, config.corpus)
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
     if limit is not None:
         cut = lambda x: tuple(side[:limit] for side in x) if isinstance(x, tuple) else x[:limit]  # noqa: E731

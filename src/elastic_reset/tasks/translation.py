@@ -25,9 +25,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from elastic_reset.data.translation import game_pairs, load_multi30k, load_pretrain_pairs, pretrain_part
+from elastic_reset.data.translation import game_pairs, load_multi30k, pretraining_text
 from elastic_reset.errors import ConfigError
-from elastic_reset.pretrain.translation import bleu
+from elastic_reset.pretrain.translation import bleu_score
 from elastic_reset.rewards.listener import ListenerReward
 from elastic_reset.tasks.base import Task, register_task
 
@@ -66,15 +66,14 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
     listener = ListenerReward(agents_dir / "en-de", german_of, lr=float(listener_lr), max_tokens=max_tokens)
 
     def metrics(prompts: list[str], completions: list[str]) -> dict[str, float]:
-        german = listener.translate(completions)
-        return {"drift_bleu": bleu(completions, [english_of[p] for p in prompts]),
-                "task_bleu": bleu(german, [german_of[p] for p in prompts])}
+        # Each BLEU with its length ratio (hypothesis / reference tokens): a speaker paid per German token drifts
+        # into longer messages (issue 39), which BLEU's brevity penalty does not charge.
+        english = bleu_score(completions, [english_of[p] for p in prompts])
+        german = bleu_score(listener.translate(completions), [german_of[p] for p in prompts])
+        return {"drift_bleu": float(english.score), "drift_length_ratio": english.sys_len / english.ref_len,
+                "task_bleu": float(german.score), "task_length_ratio": german.sys_len / german.ref_len}
 
-    part = pretrain_part(train, pretrain_lines=pretrain_lines)
-    pretrain = list(zip(part["fr"], part["en"]))
-    if corpus == "tatoeba":
-        tatoeba = load_pretrain_pairs(data_dir, "fr-en")
-        pretrain = list(zip(tatoeba["fr"], tatoeba["en"])) + pretrain
+    pretrain = list(zip(*pretraining_text(data_dir, corpus, train, pretrain_lines)["fr-en"]))
     return Task(name="translation_game", train_prompts=game_prompts, eval_prompts=list(val["fr"]),
                 reward_fn=listener, reference_texts=[], pretrain_texts=pretrain,
                 metrics_fn=metrics, test_prompts=list(test["fr"]), score_key="task_bleu", drift_key="drift_bleu",
