@@ -256,7 +256,8 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int, device: str = "cp
 
 
 # ----------------------------------------------------------------------------------------------------- our engine
-def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: str = "cpu") -> dict:
+def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: str = "cpu",
+               cuda_graphs: bool = False) -> dict:
     if algo == "ppo":
         algo_cfg = {"name": "ppo", "prompts_per_step": COMPLETIONS, "samples_per_prompt": 1, "epochs": 1,
                     "minibatch_size": COMPLETIONS, "lr": LR}
@@ -268,7 +269,7 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: st
         "steps": total_steps,
         "model": {"name": "smollm2", "autocast": "bf16" if bf16 else "none", "lora": dict(LORA), "device": device},
         "task": {"name": "vader"},
-        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS},
+        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "cuda_graphs": cuda_graphs},
         "algo": algo_cfg,
         "kl": {"coef": KL_COEF},
         "method": {"name": "kl"},
@@ -279,11 +280,12 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: st
     }
 
 
-def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int, device: str = "cpu") -> dict:
+def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int, device: str = "cpu",
+             cuda_graphs: bool = False) -> dict:
     from elastic_reset.rl.config import config_from_dict
     from elastic_reset.rl.trainer import RLTrainer
 
-    cfg_dict = our_config(algo, bf16, warmup + steps, threads, device)
+    cfg_dict = our_config(algo, bf16, warmup + steps, threads, device, cuda_graphs)
     config = config_from_dict(cfg_dict)
     records = []
     with tempfile.TemporaryDirectory(prefix="bench-ours-") as tmp:
@@ -346,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where both sides run (default cpu; on cuda, bf16 rows are mixed precision on the GPU)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="our rows decode through captured CUDA graphs (sampling.cuda_graphs; issue 40)")
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)} (default: all)")
     args = parser.parse_args(argv)
@@ -377,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             if side == "trl":
                 row = run_trl(bf16, args.warmup, args.steps, args.threads, args.device)
             else:
-                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads, args.device)
+                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads, args.device, args.cuda_graphs)
         except Exception as err:  # a refused configuration (e.g. bf16 on CPU) is reported, not fatal
             traceback.print_exc()
             row = {"row": "TRL GRPO" if side == "trl" else f"ours {rest[0].upper()}",

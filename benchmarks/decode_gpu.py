@@ -1,8 +1,10 @@
 """Per-token decoding cost on a GPU: Hugging Face ``generate`` (what TRL's GRPOTrainer samples with) against this
 engine's ``sample()`` and a bare forward loop, on a randomly initialised model of SmolLM2-135M's shape with LoRA on
 q/v (the timings do not depend on the weights' values, so no model file has to travel to the GPU machine).
-Batch 16, prompts of 16 tokens, 32 new tokens; median of 3 calls after one warm-up; then a torch.profiler table of
-one ``sample()`` call, which separates the GPU's own time from the host's.
+Batch 16, prompts of 16 tokens, 32 new tokens; median of 3 calls after one warm-up; then ``sample()`` with
+``cuda_graphs`` (issue 40: static KV cache, each step a replayed CUDA graph) at batch 16 and 64 against the
+memory-bandwidth limit (one read of the weights per step); then a torch.profiler table of one ``sample()`` call,
+which separates the GPU's own time from the host's.
 
     python benchmarks/decode_gpu.py        # needs CUDA; see BENCHMARKS.md, "On a GPU and on several processes"
 """
@@ -49,7 +51,7 @@ def main() -> None:
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, min_new_tokens=N, max_new_tokens=N,
                            top_p=1.0, top_k=0, temperature=1.0, pad_token_id=2)
 
-    def ours(dtype, **kw):
+    def ours(dtype, ids=ids, mask=mask, **kw):
         g = torch.Generator("cuda").manual_seed(0)
         sample(model, ids, mask, SamplingConfig(max_new_tokens=N, min_new_tokens=N, **kw), pad_token_id=2,
                eos_token_id=2, generator=g, autocast_dtype=dtype)
@@ -75,6 +77,20 @@ def main() -> None:
     print(f"ours sample() bf16, no EOS check at all {timed(lambda: ours(torch.bfloat16, stop_at_eos=False)):6.1f}")
     print(f"raw forward loop fp32 (argmax)          {timed(raw):6.1f}")
     print(f"raw forward loop bf16 autocast          {timed(lambda: raw(torch.bfloat16)):6.1f}")
+    # Issue 40: graph-captured steps. The bandwidth limit: every step reads each weight once (bf16: 2 bytes each).
+    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
+    bandwidth = {"H100": 3.35e12, "H200": 4.8e12}
+    peak = next((v for k, v in bandwidth.items() if k in torch.cuda.get_device_name()), None)
+    limit = f", bandwidth limit {peak / weight_bytes:,.0f} steps/s" if peak else ""
+    print(f"weights {weight_bytes / 1e9:.2f} GB in bf16{limit}")
+    for batch in (16, 64):
+        big_ids = torch.randint(3, 49152, (batch, TQ), device="cuda")
+        big_mask = torch.ones_like(big_ids)
+        big_mask[: batch // 4, :3] = 0
+        for graphs in (False, True):
+            ms = timed(lambda: ours(torch.bfloat16, big_ids, big_mask, cuda_graphs=graphs))
+            print(f"ours sample() bf16, batch {batch:3d}, cuda_graphs={graphs!s:5}: {ms:6.2f} ms per step, "
+                  f"{batch * 1e3 / ms:8,.0f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         ours(torch.bfloat16)
         torch.cuda.synchronize()

@@ -731,3 +731,98 @@ def test_forward_response_entropy_is_the_categorical_entropy_and_its_gradient(ma
     grad, = torch.autograd.grad(out.entropy.sum(), logits, retain_graph=True)
     expected_grad, = torch.autograd.grad(expected.sum(), logits)
     assert torch.allclose(grad, expected_grad, atol=1e-6)
+
+
+# ----------------------------------------------------------------- static steps (issue 40): CUDA graphs on a GPU
+@pytest.mark.parametrize("arch", ALL)
+def test_static_steps_sample_what_the_dynamic_cache_samples(arch):
+    from elastic_reset.lm import static_decoding
+
+    model = make_model(arch, eos_bias=2.0)
+    for lengths in ([3, 7, 5], [12, 2, 40]):  # the second is past the first prompt bucket (32 tokens)
+        ids, mask = prompts(arch, lengths)
+        dynamic = run(model, ids, mask, max_new_tokens=10, min_new_tokens=1)
+        static = run(model, ids, mask, max_new_tokens=10, min_new_tokens=1, cuda_graphs=True)
+        assert torch.equal(static.response_ids, dynamic.response_ids)
+        torch.testing.assert_close(static.logprobs, dynamic.logprobs, atol=1e-5, rtol=0)
+    ids, mask = prompts(arch, [9, 4, 6])  # the first bucket again: its cache is reused, after other prompts
+    assert len(static_decoding._STATES[model][1]) == 2
+    torch.testing.assert_close(run(model, ids, mask, max_new_tokens=10, cuda_graphs=True).logprobs,
+                               run(model, ids, mask, max_new_tokens=10).logprobs, atol=1e-5, rtol=0)
+
+
+def test_static_steps_are_made_anew_when_the_parameters_or_adapters_change_not_when_updated_in_place():
+    from elastic_reset.lm import static_decoding
+
+    peft = pytest.importorskip("peft")
+    model = add_lora(make_model("llama"), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.eval()
+    ids, mask = left_padded([3, 7, 5])
+    run(model, ids, mask, max_new_tokens=6, cuda_graphs=True)
+    held = static_decoding._STATES[model]
+    with torch.no_grad():  # an optimizer step: in place, so a captured graph reads the new weights
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    static = run(model, ids, mask, max_new_tokens=6, cuda_graphs=True)
+    assert static_decoding._STATES[model] is held
+    assert torch.equal(static.response_ids, run(model, ids, mask, max_new_tokens=6).response_ids)
+    with model.disable_adapter():  # the adapters off (the KL reference's view of the model)
+        run(model, ids, mask, max_new_tokens=6, cuda_graphs=True)
+    assert static_decoding._STATES[model][0] != held[0]
+    held = static_decoding._STATES[model]
+    run(model, ids, mask, max_new_tokens=6, cuda_graphs=True)  # adapters back on: another fingerprint again
+    assert static_decoding._STATES[model][0] != held[0]
+    held = static_decoding._STATES[model]
+    layer = model.base_model.model.model.layers[0].mlp.up_proj
+    layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)  # a new tensor
+    run(model, ids, mask, max_new_tokens=6, cuda_graphs=True)
+    assert static_decoding._STATES[model][0] != held[0]
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_a_static_step_has_no_host_sync(arch):
+    """A CUDA graph cannot hold a host sync (a tensor read in an `if`); dynamo's full-graph trace refuses one too,
+    which is how a CPU can check that a static step is capturable."""
+    from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper
+
+    model = make_model(arch)
+    ids, mask = prompts(arch, [3, 7, 5])
+    with torch.inference_mode():
+        stepper = (StaticSeq2SeqStepper if arch in SEQ2SEQ else StaticDecoderStepper)(model, ids, mask, 8, None)
+        stepper.prefill()
+        stepper.step(torch.tensor([5, 6, 7]))
+        buffers = stepper.state.buffers
+        if arch in SEQ2SEQ:
+            def step():
+                return stepper._forward(buffers["tokens"])
+        else:
+            def step():
+                return stepper._forward(input_ids=buffers["tokens"], position_ids=buffers["positions"])
+        torch._dynamo.reset()
+        torch.compile(step, backend="eager", fullgraph=True)()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+@pytest.mark.parametrize("arch", ALL)
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
+def test_cuda_graph_steps_sample_what_eager_steps_sample_and_follow_in_place_updates(arch, autocast_dtype):
+    from elastic_reset.lm import static_decoding
+
+    model = make_model(arch, eos_bias=2.0).cuda()
+    for lengths in ([3, 7, 5], [12, 2, 40], [9, 4, 6]):
+        ids, mask = (t.cuda() for t in prompts(arch, lengths))
+        graphs = run(model, ids, mask, max_new_tokens=10, min_new_tokens=1, cuda_graphs=True,
+                     autocast_dtype=autocast_dtype)
+        dynamic = run(model, ids, mask, max_new_tokens=10, min_new_tokens=1, autocast_dtype=autocast_dtype)
+        assert torch.equal(graphs.response_ids, dynamic.response_ids)
+        torch.testing.assert_close(graphs.logprobs, dynamic.logprobs, atol=1e-4 if autocast_dtype is None else 0.05,
+                                   rtol=0)
+    assert all(state.graph is not None for state in static_decoding._STATES[model][1].values())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # in place, as an optimizer step: the captured graphs must read the new weights
+    ids, mask = (t.cuda() for t in prompts(arch, [3, 7, 5]))
+    torch.testing.assert_close(run(model, ids, mask, max_new_tokens=10, cuda_graphs=True).logprobs,
+                               run(model, ids, mask, max_new_tokens=10).logprobs, atol=1e-4, rtol=0)

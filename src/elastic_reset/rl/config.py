@@ -124,6 +124,12 @@ class SamplingConfig(Section):
     packed once per rollout, instead of running the adapters beside the base (TRL's vLLM generation likewise merges
     the adapters first): faster rollouts (see BENCHMARKS.md); the samples differ from the unmerged forward's at bf16
     rounding level. The update's log-probs are recomputed teacher-forced, unmerged, either way. False: unmerged."""
+    cuda_graphs: bool = False
+    """On a CUDA device, each decoding step runs over a static KV cache and is replayed as a captured CUDA graph
+    (:mod:`elastic_reset.lm.static_decoding`): one launch per token instead of hundreds, for a small model whose step
+    is bound by launches. Prompts are padded to a multiple of 32 tokens and the cache holds that plus
+    ``max_new_tokens``; the log-probs agree with the default path's to rounding (the attention runs over the whole
+    cache, masked). Off a GPU the same static steps run eagerly (slower than the default: for tests)."""
 
     def __post_init__(self) -> None:
         # Checked here, not in the field types, so that the sampler's direct users get the same errors as a run's
@@ -139,7 +145,7 @@ class SamplingConfig(Section):
             value = getattr(self, name)
             need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
                  "expected a finite number")
-        for name in ("stop_at_eos", "merge_lora"):
+        for name in ("stop_at_eos", "merge_lora", "cuda_graphs"):
             need(isinstance(getattr(self, name), bool), name, "expected true or false")
         need(self.max_new_tokens >= 1, "max_new_tokens", "expected >= 1")
         need(0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens",

@@ -8,6 +8,8 @@ log-probability of every sampled token, the response mask (1 up to and including
 mask of every step. It works for decoder-only models (left-padded prompts; position ids come from the attention
 mask, so padding never shifts positions) and for encoder-decoder models (the encoder runs once; the decoder starts
 from ``config.decoder_start_token_id`` and caches its own keys and values).
+With ``sampling.cuda_graphs`` the same loop runs its forwards over a static KV cache instead, each decoding step
+a replayed CUDA graph on a GPU (:mod:`elastic_reset.lm.static_decoding`).
 
 :attr:`Rollout.logprobs` is ``log softmax(logits / T)`` at the sampled token: the policy at temperature T,
 **before** any truncation: no min-new-tokens EOS suppression, no top-k, no top-p, no NLPO mask. That is the
@@ -30,6 +32,7 @@ import torch
 
 from elastic_reset.lm.cpu_bf16 import packed_linears, precast_weights
 from elastic_reset.lm.rollout import Rollout
+from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper
 from elastic_reset.lm.scoring import (
     NEG_INF,
     accepts_logits_to_keep,
@@ -126,8 +129,8 @@ class _DecoderStepper:
         self.attn = torch.ones(batch, self.tq + max_new_tokens, dtype=torch.long, device=query_ids.device)
         self.attn[:, : self.tq] = query_mask
         self.next_pos = query_mask.long().sum(-1, keepdim=True)  # position of the first generated token
-        # The model builds transformers' DynamicCache at the prefill; a StaticCache would attend over its whole
-        # capacity, which rounds differently and so changes the samples (BENCHMARKS.md).
+        # The model builds transformers' DynamicCache at the prefill; a StaticCache attends over its whole capacity,
+        # which rounds differently (sampling.cuda_graphs: log-probs equal to rounding).
         self.cache = None
         self.t = 0
 
@@ -177,8 +180,11 @@ class _Seq2SeqStepper:
         return out.logits[:, -1]
 
 
-def _stepper(model, query_ids, query_mask, max_new_tokens, autocast_dtype):
-    cls = _Seq2SeqStepper if is_encoder_decoder(model) else _DecoderStepper
+def _stepper(model, query_ids, query_mask, max_new_tokens, autocast_dtype, static: bool):
+    if static:
+        cls = StaticSeq2SeqStepper if is_encoder_decoder(model) else StaticDecoderStepper
+    else:
+        cls = _Seq2SeqStepper if is_encoder_decoder(model) else _DecoderStepper
     return cls(model, query_ids, query_mask, max_new_tokens, autocast_dtype)
 
 
@@ -237,14 +243,18 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
     with contextlib.ExitStack() as stack:
         # Cast the linear weights once for the whole loop (autocast would recast them at every token); on a CPU,
         # pack them for oneDNN too. precast_weights then only sees what packing left (e.g. GPT-2's Conv1D).
-        for m in (model,) if mask_model is None or mask_model is model else (model, mask_model):
+        # Static steps replay graphs that read the parameters themselves (autocast casts inside the graph): no packed
+        # or precast copy is swapped in.
+        static = config.cuda_graphs
+        models = () if static else (model,) if mask_model is None or mask_model is model else (model, mask_model)
+        for m in models:
             packed = stack.enter_context(packed_linears(m, autocast_dtype, batch_hint=batch,
                                                         merge_lora=config.merge_lora))
             stack.enter_context(precast_weights(m, autocast_dtype, trainable=True, skip=packed))
         stack.enter_context(torch.inference_mode())
-        policy = _stepper(model, query_ids, query_mask, max_new, autocast_dtype)
+        policy = _stepper(model, query_ids, query_mask, max_new, autocast_dtype, static)
         masker = None if mask_model is None else _stepper(mask_model, query_ids, query_mask, max_new,
-                                                          autocast_dtype)
+                                                          autocast_dtype, static)
         tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
         active_mask = torch.zeros(batch, max_new, dtype=torch.bool, device=device)
         logprobs = torch.zeros(batch, max_new, dtype=torch.float32, device=device)

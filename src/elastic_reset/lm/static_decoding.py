@@ -1,0 +1,214 @@
+"""Decoding steps at static shapes, replayed as CUDA graphs (issue 40).
+
+On a GPU a decoding step of a small model is bound by Python and kernel launches, not by the GPU (BENCHMARKS.md,
+"On a GPU and on several processes": ~4 ms of GPU work in a 44-48 ms step of SmolLM2). A step over transformers'
+``StaticCache`` has the same shapes at every token, so it is captured once as a CUDA graph and then replayed: one
+launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda.CUDAGraph``), with no compiler.
+
+- **Shapes.** A prompt is padded (on the left for a decoder-only model, on the right for an encoder) up to a
+  multiple of :data:`PROMPT_BUCKET`, so one graph serves every batch of prompts up to that length; the KV cache
+  holds the bucket plus ``max_new_tokens`` positions. The cache's own write position is a tensor
+  (``StaticLayer.cumulative_length``), positions past it are masked by the causal mask, padding by an attention
+  mask buffer. Token ids, positions and masks are copied into static buffers before each replay.
+- **Kept across rollouts.** One graph per (model, batch, bucket, capacity, autocast dtype), kept while the model's
+  parameters are the same tensors: an optimizer updates them in place, so a replay reads the current weights
+  (autocast's casts are inside the graph). Anything that replaces a parameter tensor, turns a LoRA adapter on or
+  off, or switches train/eval mode changes :func:`fingerprint`, and the model's graphs are captured anew.
+- **Eager parts.** The prefill (for an encoder-decoder model: the encoder and the first decoder step, which fills
+  the cross-attention cache) runs eagerly, and so does every step off CUDA: that is how the CPU tests compare the
+  static path with the dynamic one (:mod:`elastic_reset.rl.sampling`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+from elastic_reset.lm.scoring import accepts_logits_to_keep, decoder_start_id, device_of, position_ids_from_mask
+
+__all__ = ["PROMPT_BUCKET", "StaticDecoderStepper", "StaticSeq2SeqStepper", "fingerprint"]
+
+PROMPT_BUCKET = 32
+"""Prompt lengths are rounded up to a multiple of this: one captured graph per bucket, not per prompt length."""
+
+# model -> (fingerprint, {shape key: _StepState}); dropped with the model.
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fingerprint(model) -> tuple:
+    """What a captured step depends on besides its buffers: the parameter tensors (by address), train/eval mode
+    and, with peft, which adapters are on."""
+    adapters = tuple((bool(getattr(m, "disable_adapters", False)), tuple(getattr(m, "active_adapters", ())))
+                     for m in model.modules() if hasattr(m, "lora_A"))
+    return (model.training, tuple(p.data_ptr() for p in model.parameters()), adapters)
+
+
+def _autocast(model, dtype: torch.dtype | None):
+    """Autocast without its cast cache, which a captured graph must not hold (PyTorch's CUDA graph notes)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_of(model).type, dtype=dtype, cache_enabled=False)
+
+
+def _bucket(length: int) -> int:
+    return -(-length // PROMPT_BUCKET) * PROMPT_BUCKET
+
+
+def _layers(cache) -> list:
+    caches = (cache.self_attention_cache, cache.cross_attention_cache) if hasattr(cache, "cross_attention_cache") \
+        else (cache,)
+    return [layer for c in caches for layer in c.layers]
+
+
+class _StepState:
+    """The static cache, the input buffers and, on CUDA, the captured graph of one decoding step."""
+
+    def __init__(self, cache, buffers: dict[str, torch.Tensor], capture: bool):
+        self.cache, self.buffers, self.capture = cache, buffers, capture
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def run(self, forward) -> torch.Tensor:
+        """``forward()`` (reading only :attr:`buffers` and the cache; returns the last position's logits): captured on
+        its first call on CUDA and replayed after, eager elsewhere. Returns a copy the next step does not overwrite."""
+        if not self.capture:
+            return forward().clone()
+        if self.graph is None:
+            # Warm up on a side stream first (lazy allocations, library handles), as torch.cuda.graphs asks. The
+            # warm-up is a real step: put the cache's write positions back, so the replay below is the step's only one.
+            positions = [layer.cumulative_length.clone() for layer in _layers(self.cache)]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                forward()
+                for layer, position in zip(_layers(self.cache), positions):
+                    layer.cumulative_length.copy_(position)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = forward()
+        self.graph.replay()
+        return self.logits.clone()
+
+
+def _state(model, key: tuple, make) -> _StepState:
+    """The model's step state for ``key``, made by ``make()`` when missing; all its states are dropped (and so
+    captured anew) when its :func:`fingerprint` changed since they were made."""
+    now = fingerprint(model)
+    held = _STATES.get(model)
+    if held is None or held[0] != now:
+        held = _STATES[model] = (now, {})
+    if key not in held[1]:
+        held[1][key] = make()
+    return held[1][key]
+
+
+class StaticDecoderStepper:
+    """Prefill + single-token steps of a decoder-only model over a ``StaticCache``; the same interface as the
+    sampler's dynamic stepper (``prefill()``, then ``step(tokens)``, each returning ``[B, V]`` logits)."""
+
+    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+        from transformers import StaticCache
+
+        self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
+        self.autocast_dtype = autocast_dtype
+        batch, self.tq = query_ids.shape
+        device = query_ids.device
+        bucket = _bucket(self.tq)
+        capacity = bucket + max_new_tokens
+
+        def make() -> _StepState:
+            buffers = {"tokens": torch.zeros(batch, 1, dtype=torch.long, device=device),
+                       "positions": torch.zeros(batch, 1, dtype=torch.long, device=device),
+                       "attn": torch.ones(batch, capacity, dtype=torch.long, device=device)}
+            return _StepState(StaticCache(config=model.config, max_cache_len=capacity), buffers,
+                              capture=device.type == "cuda")
+
+        self.state = _state(model, ("decoder", batch, bucket, capacity, autocast_dtype), make)
+        self.next_pos = query_mask.long().sum(-1, keepdim=True)  # position of the first generated token
+        self.t = 0
+
+    def _forward(self, **inputs) -> torch.Tensor:
+        with _autocast(self.model, self.autocast_dtype):
+            out = self.model(attention_mask=self.state.buffers["attn"], cache=self.state.cache, use_cache=True,
+                             **inputs)
+        return out.logits[:, -1]
+
+    def prefill(self) -> torch.Tensor:
+        state = self.state
+        state.cache.reset()
+        # The prompt fills the cache's first tq slots; the generated tokens follow. Slots past the current token are
+        # left out by the causal mask, so every slot after the prompt is marked valid here once.
+        state.buffers["attn"][:, : self.tq].copy_(self.query_mask)
+        state.buffers["attn"][:, self.tq:].fill_(1)
+        extra = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
+        return self._forward(input_ids=self.query_ids, position_ids=position_ids_from_mask(self.query_mask),
+                             **extra).clone()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        buffers = self.state.buffers
+        buffers["tokens"].copy_(tokens[:, None])
+        torch.add(self.next_pos, self.t, out=buffers["positions"])
+        self.t += 1
+        return self.state.run(lambda: self._forward(input_ids=buffers["tokens"], position_ids=buffers["positions"]))
+
+
+class StaticSeq2SeqStepper:
+    """The encoder once, then single-token decoder steps over static self- and cross-attention caches; the encoder's
+    output is padded to the prompt bucket (padding masked), so a graph serves every prompt length up to it."""
+
+    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+        from transformers import EncoderDecoderCache, StaticCache
+
+        self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
+        self.autocast_dtype = autocast_dtype
+        batch, self.tq = query_ids.shape
+        device = query_ids.device
+        bucket = _bucket(self.tq)
+        capacity = max_new_tokens + 1  # the decoder start token, then one slot per generated token
+
+        def make() -> _StepState:
+            cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=capacity),
+                                        StaticCache(config=model.config, max_cache_len=bucket))
+            buffers = {"tokens": torch.zeros(batch, 1, dtype=torch.long, device=device),
+                       "encoder_mask": torch.zeros(batch, bucket, dtype=torch.long, device=device),
+                       "decoder_mask": torch.ones(batch, capacity, dtype=torch.long, device=device)}
+            return _StepState(cache, buffers, capture=device.type == "cuda")
+
+        self.state = _state(model, ("seq2seq", batch, bucket, capacity, autocast_dtype), make)
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        from transformers.modeling_outputs import BaseModelOutput
+
+        buffers = self.state.buffers
+        with _autocast(self.model, self.autocast_dtype):
+            out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=buffers["encoder"]),
+                             attention_mask=buffers["encoder_mask"], decoder_input_ids=tokens,
+                             decoder_attention_mask=buffers["decoder_mask"], cache=self.state.cache, use_cache=True)
+        return out.logits[:, -1]
+
+    def prefill(self) -> torch.Tensor:
+        state, buffers = self.state, self.state.buffers
+        state.cache.reset()  # also marks the cross-attention cache as not yet filled
+        with _autocast(self.model, self.autocast_dtype):
+            hidden = self.model.get_encoder()(input_ids=self.query_ids, attention_mask=self.query_mask,
+                                              return_dict=True).last_hidden_state
+        encoder = buffers.get("encoder")
+        if encoder is None or encoder.dtype != hidden.dtype:
+            encoder = buffers["encoder"] = hidden.new_zeros(hidden.shape[0], buffers["encoder_mask"].shape[1],
+                                                            hidden.shape[2])
+            state.graph = None  # a graph captured over the old buffer would read freed memory
+        encoder[:, self.tq:].zero_()
+        encoder[:, : self.tq].copy_(hidden)
+        buffers["encoder_mask"][:, self.tq:].zero_()
+        buffers["encoder_mask"][:, : self.tq].copy_(self.query_mask)
+        start = torch.full((self.query_ids.shape[0], 1), decoder_start_id(self.model), dtype=torch.long,
+                           device=self.query_ids.device)
+        return self._forward(start).clone()  # eager: this step fills the cross-attention cache
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        buffers = self.state.buffers
+        buffers["tokens"].copy_(tokens[:, None])
+        return self.state.run(lambda: self._forward(buffers["tokens"]))
