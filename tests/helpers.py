@@ -46,8 +46,8 @@ def evals(records):
 
 
 def without_times(records):
-    """The records without their ``time/`` keys (which differ between otherwise identical runs)."""
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+    """The records without their ``time/`` and ``memory/`` keys (which differ between otherwise identical runs)."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in records]
 
 
 def trainable(trainer):

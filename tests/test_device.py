@@ -78,6 +78,20 @@ def test_a_checkpoint_from_another_device_is_refused_with_the_fix(tmp_path):
         resumed.load_state_dict(state)
 
 
+def test_a_run_with_static_decoding_trains_as_the_default_run_does(tmp_path):
+    """``sampling.cuda_graphs``: off a GPU the same static steps run eagerly; the run samples what the default does
+    (its log-probs agree to rounding), so its records agree too."""
+    from elastic_reset.lm.static_decoding import _STATES
+
+    default = without_times(RLTrainer(tiny_config(), tmp_path / "a").train())
+    trainer = RLTrainer(tiny_config("sampling.cuda_graphs=true"), tmp_path / "b")
+    static = without_times(trainer.train())
+    assert trainer.model in _STATES  # its rollouts went through the static steps
+    assert [r.keys() for r in static] == [r.keys() for r in default]
+    for a, b in zip(default, static):
+        assert a["reward"] == b["reward"] and all(b[k] == pytest.approx(v, abs=1e-4) for k, v in a.items())
+
+
 # ------------------------------------------------------------------------------------------------- on a GPU
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
@@ -90,6 +104,18 @@ def test_the_engine_trains_on_cuda_with_the_ema_pinned_on_the_cpu(tmp_path):
     assert [r["step"] for r in records if "reset" in r] == [3, 6]
     # The last reset set θ to the EMA of its iteration and the EMA to θ0.
     assert all(torch.equal(e.cpu(), before[n].cpu()) for n, e in trainer.method.ema.ema_state().items())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_the_engine_trains_on_cuda_through_captured_graphs(tmp_path):
+    settings = ("model.device=cuda", "steps=4", "eval.every=2")
+    records = RLTrainer(tiny_config(*settings), tmp_path / "a").train()
+    assert all(r["memory/gpu_peak_gib"] > 0 for r in records if "reward" in r)  # what compare --jobs sizes by
+    default = without_times(records)
+    graphs = without_times(RLTrainer(tiny_config(*settings, "sampling.cuda_graphs=true"), tmp_path / "b").train())
+    for a, b in zip(default, graphs):
+        assert all(b[k] == pytest.approx(v, abs=1e-3) for k, v in a.items())
 
 
 @pytest.mark.cuda

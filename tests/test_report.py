@@ -347,6 +347,40 @@ def test_compare_jobs_finishes_the_other_cells_when_one_fails(tmp_path, capsys):
     assert "--jobs: expected >= 1, got 0" in capsys.readouterr().err
 
 
+def test_compare_jobs_on_a_gpu_refuses_cells_that_would_not_fit_before_any_trains(tmp_path, monkeypatch, capsys):
+    import elastic_reset.compare as compare
+
+    grid = tmp_path / "gpu"
+    argv = [*compare_argv(grid), "--set", "model.device=auto"]
+    probed = []
+
+    def probe(cell, config_path):  # what a one-iteration probe measured, per method
+        probed.append(cell.method)
+        return {"kl": 9.0, "elastic_reset": 11.0}[cell.method]
+
+    monkeypatch.setattr(compare, "resolve_device", lambda setting, field="": torch.device("cuda"))
+    monkeypatch.setattr(compare.torch.cuda, "mem_get_info", lambda device: (40 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(compare, "probe_gpu_peak_gib", probe)
+    assert main([*argv, "--jobs", "4"]) == 2  # 4 x (11 + 0.5) GiB > 40 GiB free
+    assert "at most 3 fit (--jobs 3)" in capsys.readouterr().err
+    assert sorted(probed) == ["elastic_reset", "kl"]  # one probe per method, not per cell
+    assert not any(grid.glob("*/seed*/config.yaml"))  # refused before any cell trained
+    monkeypatch.setattr(compare.torch.cuda, "mem_get_info", lambda device: (79 * 2**30, 80 * 2**30))
+    cells = compare.plan_grid(TINY, grid, ["kl", "elastic_reset"], 2, [*TINY_SETS, "model.device=auto"])
+    compare.check_gpu_room(cells, TINY, 4, log=probed.append)  # 46 GiB of 79 free: they fit
+    assert "one cell peaks at 11.00 GiB" in probed[-1]
+
+
+def test_the_gpu_memory_probe_trains_one_iteration_and_says_when_it_measured_nothing(tmp_path):
+    from elastic_reset.compare import plan_grid, probe_gpu_peak_gib
+    from elastic_reset.errors import GridError
+
+    cell = plan_grid(TINY, tmp_path / "grid", ["kl"], 1, TINY_SETS)[0]
+    with pytest.raises(GridError, match="recorded no memory/gpu_peak_gib"):  # the CPU: no GPU memory to record
+        probe_gpu_peak_gib(cell, TINY)
+    assert not (tmp_path / "grid").exists()  # the probe trains in a temporary directory
+
+
 def test_compare_resumes_where_it_stopped(grid, monkeypatch):
     """Runs last in this module: it re-trains one cell (deterministically, to the same records)."""
     metrics = {(m, s): grid / m / f"seed{s}" / "metrics.jsonl" for m, s in RUNS}

@@ -19,6 +19,8 @@ and only ``steps``, to change on resume). At the end, and at every re-run, the r
 
 ``--jobs N`` trains N cells at once, each an ``elastic-reset train`` child process with the CPU cores shared out
 (its output in ``<run>/train.log``); the cells, their markers and the report are the same as one after the other.
+On a GPU the N cells share it: each method's peak memory is measured first by a one-iteration probe, and a grid
+whose N cells would not fit in the free memory is refused before any cell trains (:func:`check_gpu_room`).
 
 This module drives the RL engine from the outside; the engine and the algorithm core never import it.
 """
@@ -39,11 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from elastic_reset.evaluation.figures import report
 from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run, score_label
 from elastic_reset.errors import GridError
 from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import DirectoryLock, atomic_write_text
+from elastic_reset.lm.device import resolve_device
 from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
 from elastic_reset.rl.distributed import is_main_process
@@ -245,6 +250,55 @@ def train_cell_process(cell: Cell, config_path: str | Path, threads: int, log: C
     return "resumed" if resume else "trained"
 
 
+GPU_CONTEXT_GIB = 0.5
+"""What a process's CUDA context holds on the GPU besides its tensors (not in PyTorch's own peak)."""
+
+
+def probe_gpu_peak_gib(cell: Cell, config_path: str | Path) -> float:
+    """The GPU memory a run of ``cell``'s config peaks at, measured: one iteration (with its step-0 evaluation) in
+    a child process, in a temporary directory, read back from ``memory/gpu_peak_gib``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpu-probe-") as tmp:
+        argv = [sys.executable, "-m", "elastic_reset.cli", "train", str(config_path), "--out", f"{tmp}/run"]
+        for item in [*cell.overrides, "steps=1", "checkpoint_every=0", "progress=false"]:
+            argv += ["--set", item]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise GridError(f"{cell.method}: the one-iteration GPU memory probe failed (exit code "
+                            f"{done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}")
+        peaks = [r["memory/gpu_peak_gib"] for r in map(json.loads, Path(f"{tmp}/run/metrics.jsonl").open())
+                 if "memory/gpu_peak_gib" in r]
+    if not peaks:
+        raise GridError(f"{cell.method}: the GPU memory probe recorded no memory/gpu_peak_gib (did it run on CUDA?)")
+    return max(peaks)
+
+
+def check_gpu_room(cells: list[Cell], config_path: str | Path, jobs: int, log: Callable[[str], None] = print) -> None:
+    """Before ``jobs`` cells share one GPU: each label's peak is measured by :func:`probe_gpu_peak_gib` (the
+    largest stands for all), and ``jobs`` of them, a CUDA context each, must fit in the GPU's free memory. Refused
+    otherwise, naming how many fit. Nothing to check off CUDA or for a single job."""
+    pending = [cell for cell in cells if cell_status(cell) != "done"]
+    devices = {str(resolve_device(cell.config.model.device)) for cell in pending}
+    at_once = min(jobs, len(pending))
+    if at_once < 2 or not any(d.startswith("cuda") for d in devices):
+        return
+    if len(devices) > 1:
+        raise ConfigError(f"--jobs {jobs}: the cells run on several devices ({', '.join(sorted(devices))}); "
+                          "compare shares one GPU among its cells: set model.device once for the grid")
+    first_of = {cell.method: cell for cell in reversed(pending)}
+    peak = max(probe_gpu_peak_gib(cell, config_path) for cell in first_of.values())
+    free, total = (b / 2**30 for b in torch.cuda.mem_get_info(torch.device(devices.pop())))
+    need = at_once * (peak + GPU_CONTEXT_GIB)
+    fit = int(free // (peak + GPU_CONTEXT_GIB))
+    log(f"compare: one cell peaks at {peak:.2f} GiB on the GPU (a one-iteration probe per method); {at_once} at "
+        f"once need {need:.1f} GiB with their CUDA contexts, {free:.1f} of {total:.1f} GiB are free")
+    if need > free:
+        raise ConfigError(f"--jobs {jobs}: {at_once} cells at once need {need:.1f} GiB of GPU memory ({peak:.2f} "
+                          f"GiB each, measured, + {GPU_CONTEXT_GIB} GiB of CUDA context), but {free:.1f} GiB are "
+                          f"free: at most {fit} fit (--jobs {max(fit, 1)})")
+
+
 def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None,
                 extra: dict[str, Any] | None = None, score: str | None = None) -> dict[str, Any]:
     """Write summary.json, pareto.png and pareto_curves.png for the cells' runs; returns the summary. ``drift``
@@ -291,6 +345,8 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     with DirectoryLock(out_dir, "compare grid") if is_main_process() else contextlib.nullcontext():
         for cell in cells:  # a cell trained from another config is refused now, before any other cell trains
             cell_status(cell)
+        if jobs > 1:
+            check_gpu_room(cells, config_path, jobs, log)
         threads = max(1, cpu_count() // jobs)
 
         def one(i: int, cell: Cell) -> dict[str, Any]:

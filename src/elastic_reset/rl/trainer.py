@@ -393,6 +393,8 @@ class RLTrainer:
         record.update(self.method.on_iteration_end(self.step, {**self._unseen_eval, **record}))
         self._unseen_eval = {}
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
+        if self.device.type == "cuda":  # what the process has held on the GPU so far (compare --jobs sizes by it)
+            record["memory/gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
 
     def _policy_forward(self, rollout: Rollout) -> ResponseOutput:
