@@ -660,6 +660,17 @@ def test_nlpo_samples_inside_the_mask_models_top_p_set(arch):
     assert torch.isfinite(masked.entropy).all()
 
 
+@pytest.mark.parametrize("arch", ["llama", "bart"])
+def test_nlpo_through_static_steps_masks_and_samples_as_the_dynamic_cache(arch):
+    policy = make_model(arch, seed=0, eos_bias=3.0)
+    mask_model = peaked(make_model(arch, seed=1), seed=5)
+    ids, mask = prompts(arch, [3, 8, 5, 6])
+    settings = dict(max_new_tokens=10, mask_model=mask_model, mask_top_p=0.8, min_tokens_to_keep=2)
+    dynamic, static = run(policy, ids, mask, **settings), run(policy, ids, mask, cuda_graphs=True, **settings)
+    assert torch.equal(static.response_ids, dynamic.response_ids)
+    assert torch.equal(static.action_mask, dynamic.action_mask)
+
+
 def test_nlpo_min_tokens_to_keep():
     policy = make_model("llama", seed=0)
     mask_model = make_model("llama", seed=1)

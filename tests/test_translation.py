@@ -350,6 +350,21 @@ def test_reinforce_raises_a_reward_through_the_encoder_decoder_speaker(agents, t
     assert end > start + 0.15, f"held-out reward {start:.3f} -> {end:.3f} in 30 iterations"
 
 
+def test_the_speaker_decodes_through_static_steps_as_through_its_dynamic_cache(agents):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from elastic_reset.rl.sampling import SamplingConfig, sample
+
+    speaker, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(agents / "fr-en").eval(), AutoTokenizer.from_pretrained(
+        agents / "fr-en")
+    enc = tokenizer(load_multi30k(SHARED_DATA, "val")["fr"][:6], return_tensors="pt", padding=True)
+    out = [sample(speaker, enc.input_ids, enc.attention_mask, SamplingConfig(max_new_tokens=16, cuda_graphs=graphs),
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                  generator=torch.Generator().manual_seed(0)) for graphs in (False, True)]
+    assert torch.equal(out[0].response_ids, out[1].response_ids)
+    torch.testing.assert_close(out[0].logprobs, out[1].logprobs, atol=1e-5, rtol=0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
 def test_the_game_plays_on_cuda_with_the_listener_beside_the_speaker(agents, tmp_path):
