@@ -105,30 +105,52 @@ def _state(model, key: tuple, make) -> _StepState:
     return held[1][key]
 
 
-class StaticDecoderStepper:
+class _StaticStepper:
+    """What both kinds of static stepper share: the prompt's bucket, and the step state of this shape (made by the
+    subclass's ``_make``, with ``capacity`` KV-cache slots), kept with the model."""
+
+    kind: str
+
+    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+        self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
+        self.autocast_dtype = autocast_dtype
+        self.batch, self.tq = query_ids.shape
+        self.bucket = _bucket(self.tq)
+        capacity = self._capacity(max_new_tokens)
+        self.state = _state(model, (self.kind, self.batch, self.bucket, capacity, autocast_dtype),
+                            lambda: self._make(capacity))
+
+    def _buffer(self, *shape: int, fill: int = 0) -> torch.Tensor:
+        return torch.full(shape, fill, dtype=torch.long, device=self.query_ids.device)
+
+    def _capacity(self, max_new_tokens: int) -> int:
+        raise NotImplementedError
+
+    def _make(self, capacity: int) -> _StepState:
+        raise NotImplementedError
+
+
+class StaticDecoderStepper(_StaticStepper):
     """Prefill + single-token steps of a decoder-only model over a ``StaticCache``; the same interface as the
     sampler's dynamic stepper (``prefill()``, then ``step(tokens)``, each returning ``[B, V]`` logits)."""
 
+    kind = "decoder"
+
     def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
-        from transformers import StaticCache
-
-        self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
-        self.autocast_dtype = autocast_dtype
-        batch, self.tq = query_ids.shape
-        device = query_ids.device
-        bucket = _bucket(self.tq)
-        capacity = bucket + max_new_tokens
-
-        def make() -> _StepState:
-            buffers = {"tokens": torch.zeros(batch, 1, dtype=torch.long, device=device),
-                       "positions": torch.zeros(batch, 1, dtype=torch.long, device=device),
-                       "attn": torch.ones(batch, capacity, dtype=torch.long, device=device)}
-            return _StepState(StaticCache(config=model.config, max_cache_len=capacity), buffers,
-                              capture=device.type == "cuda")
-
-        self.state = _state(model, ("decoder", batch, bucket, capacity, autocast_dtype), make)
+        super().__init__(model, query_ids, query_mask, max_new_tokens, autocast_dtype)
         self.next_pos = query_mask.long().sum(-1, keepdim=True)  # position of the first generated token
         self.t = 0
+
+    def _capacity(self, max_new_tokens: int) -> int:
+        return self.bucket + max_new_tokens
+
+    def _make(self, capacity: int) -> _StepState:
+        from transformers import StaticCache
+
+        buffers = {"tokens": self._buffer(self.batch, 1), "positions": self._buffer(self.batch, 1),
+                   "attn": self._buffer(self.batch, capacity, fill=1)}
+        return _StepState(StaticCache(config=self.model.config, max_cache_len=capacity), buffers,
+                          capture=self.query_ids.device.type == "cuda")
 
     def _forward(self, **inputs) -> torch.Tensor:
         with _autocast(self.model, self.autocast_dtype):
@@ -155,29 +177,23 @@ class StaticDecoderStepper:
         return self.state.run(lambda: self._forward(input_ids=buffers["tokens"], position_ids=buffers["positions"]))
 
 
-class StaticSeq2SeqStepper:
+class StaticSeq2SeqStepper(_StaticStepper):
     """The encoder once, then single-token decoder steps over static self- and cross-attention caches; the encoder's
     output is padded to the prompt bucket (padding masked), so a graph serves every prompt length up to it."""
 
-    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+    kind = "seq2seq"
+
+    def _capacity(self, max_new_tokens: int) -> int:
+        return max_new_tokens + 1  # the decoder start token, then one slot per generated token
+
+    def _make(self, capacity: int) -> _StepState:
         from transformers import EncoderDecoderCache, StaticCache
 
-        self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
-        self.autocast_dtype = autocast_dtype
-        batch, self.tq = query_ids.shape
-        device = query_ids.device
-        bucket = _bucket(self.tq)
-        capacity = max_new_tokens + 1  # the decoder start token, then one slot per generated token
-
-        def make() -> _StepState:
-            cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=capacity),
-                                        StaticCache(config=model.config, max_cache_len=bucket))
-            buffers = {"tokens": torch.zeros(batch, 1, dtype=torch.long, device=device),
-                       "encoder_mask": torch.zeros(batch, bucket, dtype=torch.long, device=device),
-                       "decoder_mask": torch.ones(batch, capacity, dtype=torch.long, device=device)}
-            return _StepState(cache, buffers, capture=device.type == "cuda")
-
-        self.state = _state(model, ("seq2seq", batch, bucket, capacity, autocast_dtype), make)
+        cache = EncoderDecoderCache(StaticCache(config=self.model.config, max_cache_len=capacity),
+                                    StaticCache(config=self.model.config, max_cache_len=self.bucket))
+        buffers = {"tokens": self._buffer(self.batch, 1), "encoder_mask": self._buffer(self.batch, self.bucket),
+                   "decoder_mask": self._buffer(self.batch, capacity, fill=1)}
+        return _StepState(cache, buffers, capture=self.query_ids.device.type == "cuda")
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         from transformers.modeling_outputs import BaseModelOutput
