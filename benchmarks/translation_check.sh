@@ -27,13 +27,15 @@ run frozen --set method.name=frozen --set algo.prompts_per_step=16 --set algo.sa
 run rloo_1e-5 --set method.name=none "${sil[@]}" --set algo.lr=1e-5
 run rloo_1e-4 --set method.name=none "${sil[@]}" --set algo.lr=1e-4
 for name in frozen rloo_1e-5 rloo_1e-4; do
-  echo "== $name (step: task / drift BLEU, eval reward, message length)"
+  echo "== $name (step: task / drift BLEU, eval reward, message length; length ratios to the references)"
   .venv/bin/python - "$OUT/$name/metrics.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if "eval/task_bleu" in r:
+        ratios = (f", task {r['eval/task_length_ratio']:.2f} / drift {r['eval/drift_length_ratio']:.2f}"
+                  if "eval/task_length_ratio" in r else "")  # recorded since the check of 2026-11-25
         print(f"{r['step']:5d}: {r['eval/task_bleu']:.1f} / {r['eval/drift_bleu']:.1f}, {r['eval/reward']:.3f}, "
-              f"{r['eval/response_length']:.1f}")
+              f"{r['eval/response_length']:.1f}{ratios}")
 PY
 done
