@@ -129,7 +129,7 @@ class SamplingConfig(Section):
     (:mod:`elastic_reset.lm.static_decoding`): one launch per token instead of hundreds, for a small model whose step
     is bound by launches. Prompts are padded to a multiple of 32 tokens and the cache holds that plus
     ``max_new_tokens``; the log-probs agree with the default path's to rounding (the attention runs over the whole
-    cache, masked). Off a GPU the same static steps run eagerly (slower than the default: for tests)."""
+    cache, masked). Off a GPU the same static steps run eagerly, without a graph (how the tests check them here)."""
 
     def __post_init__(self) -> None:
         # Checked here, not in the field types, so that the sampler's direct users get the same errors as a run's
