@@ -378,6 +378,9 @@ def test_the_gpu_memory_probe_trains_one_iteration_and_says_when_it_measured_not
     cell = plan_grid(TINY, tmp_path / "grid", ["kl"], 1, TINY_SETS)[0]
     with pytest.raises(GridError, match="recorded no memory/gpu_peak_gib"):  # the CPU: no GPU memory to record
         probe_gpu_peak_gib(cell, TINY)
+    cell.overrides.append("algo.lr=-1")
+    with pytest.raises(GridError, match=r"probe failed \(exit code 2\): .*algo.lr"):  # the child's own error line
+        probe_gpu_peak_gib(cell, TINY)
     assert not (tmp_path / "grid").exists()  # the probe trains in a temporary directory
 
 

@@ -265,8 +265,9 @@ def probe_gpu_peak_gib(cell: Cell, config_path: str | Path) -> float:
             argv += ["--set", item]
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise GridError(f"{cell.method}: the one-iteration GPU memory probe failed (exit code "
-                            f"{done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}")
+                            f"{done.returncode}): {last}")
         peaks = [r["memory/gpu_peak_gib"] for r in map(json.loads, Path(f"{tmp}/run/metrics.jsonl").open())
                  if "memory/gpu_peak_gib" in r]
     if not peaks:
