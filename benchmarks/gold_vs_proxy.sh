@@ -103,7 +103,7 @@ if has grid; then
   done
   for n in $(seq 1 "$SEEDS"); do
     for kind in rm am; do
-      $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" \
+      $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
         --methods kl,kl_small=kl,elastic_reset,selective_rehearsal,er_sr=elastic_reset \
         "${sets[@]}" --method-set kl_small:kl.coef=0.01 --method-set er_sr:rehearsal.coef=0.01 \
         --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false

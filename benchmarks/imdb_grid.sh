@@ -5,6 +5,7 @@
 #   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=results/imdb_135m bash benchmarks/imdb_grid.sh
 #                                   (SmolLM2-135M adapted to IMDB: the paper's scale, issue 36)
 # Resumable: run it again after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
+# A finished cell's checkpoints are deleted (--prune-finished): 135M weights, Adam and EMA are ~5 GB a cell.
 # Across sessions too: finished cells are kept in $RESULTS/runs (after every seed, or COLLECT=1 for a grid stopped
 # part-way) and brought back into an empty $GRID, so a later session on a new machine goes on where this one stopped.
 # JOBS=N trains N cells at once (compare --jobs; a GPU machine with 16 cores: JOBS=7 runs a seed of every method
@@ -80,7 +81,7 @@ for m in elastic_reset er_paper reset_to_init reset_to_ema; do
 done
 # Seed by seed (every method's seed 0 first, ...), so that a grid stopped part-way has every method at equal seeds.
 for n in $(seq 1 "$SEEDS"); do
-.venv/bin/elastic-reset compare "$CONFIG" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
+.venv/bin/elastic-reset compare "$CONFIG" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
   --methods kl,kl_small=kl,elastic_reset,er_paper=elastic_reset,reset_to_init,reset_to_ema,nlpo \
   "${sets[@]}" \
   --method-set kl_small:kl.coef=0.01 --method-set "kl_small:kl.target=$KL_SMALL_TARGET" \

@@ -384,6 +384,25 @@ def test_the_gpu_memory_probe_trains_one_iteration_and_says_when_it_measured_not
     assert not (tmp_path / "grid").exists()  # the probe trains in a temporary directory
 
 
+def test_compare_prunes_finished_cells_checkpoints_and_refuses_to_continue_them(grid, tmp_path, monkeypatch, capsys):
+    other = tmp_path / "grid"
+    shutil.copytree(grid, other)
+    argv = compare_argv(other)
+    with monkeypatch.context() as m:
+        m.setattr(RLTrainer, "__init__", lambda *a, **k: pytest.fail("a finished cell was trained again"))
+        assert main([*argv, "--prune-finished"]) == 0  # cells finished earlier are pruned too
+    for method, seed in RUNS:
+        run_dir = other / method / f"seed{seed}"
+        assert not (run_dir / "checkpoints").exists() and (run_dir / "metrics.jsonl").is_file()
+        assert json.loads((run_dir / "done").read_text())["pruned"] is True
+    assert "checkpoints pruned" in capsys.readouterr().out
+    assert (grid / "kl" / "seed0" / "checkpoints").is_dir()  # the copy's source keeps its own
+    argv[argv.index("steps=2")] = "steps=3"
+    assert main(argv) == 2
+    assert "its checkpoints were pruned (--prune-finished), so it cannot be continued to step 3" in \
+        capsys.readouterr().err
+
+
 def test_compare_resumes_where_it_stopped(grid, monkeypatch):
     """Runs last in this module: it re-trains one cell (deterministically, to the same records)."""
     metrics = {(m, s): grid / m / f"seed{s}" / "metrics.jsonl" for m, s in RUNS}

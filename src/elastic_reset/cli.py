@@ -61,12 +61,14 @@ def _compare(args: argparse.Namespace) -> int:
     for flag, value in (("--drift", args.drift), ("--score", args.score)):
         command += [flag, value] if value is not None else []
     command += ["--jobs", str(args.jobs)] if args.jobs != 1 else []
+    command += ["--prune-finished"] if args.prune_finished else []
     for item in args.set or []:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
     summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
-                       drift=args.drift, command=command, score=args.score, jobs=args.jobs)
+                       drift=args.drift, command=command, score=args.score, jobs=args.jobs,
+                       prune=args.prune_finished)
     if summary is None:
         return 0  # a data-parallel rank other than 0: rank 0 reports
     print(format_dominance(summary["dominance"]))
@@ -442,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--jobs", type=int, default=1, help="cells trained at once, each in its own process "
                          "with the CPU cores shared out and its output in <run>/train.log (default 1: one after "
                          "the other, in this process); a GPU is shared by all")
+    compare.add_argument("--prune-finished", action="store_true",
+                         help="delete each finished cell's checkpoints (config, metrics and final/ policy stay); "
+                              "a pruned cell cannot be continued to more steps")
     compare.add_argument("--set", action="append", metavar="KEY=VALUE",
                          help="override a config value for every run (repeatable)")
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",

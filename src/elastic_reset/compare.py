@@ -22,6 +22,10 @@ and only ``steps``, to change on resume). At the end, and at every re-run, the r
 On a GPU the N cells share it: each method's peak memory is measured first by a one-iteration probe, and a grid
 whose N cells would not fit in the free memory is refused before any cell trains (:func:`check_gpu_room`).
 
+``--prune-finished`` deletes a finished cell's checkpoints (its config, metrics, done marker and ``final/`` policy
+stay): a grid of a 135M model otherwise keeps ~5 GB per cell (two checkpoints of weights, optimizer and EMA). A
+pruned cell cannot be continued to more ``steps``; the grid says so rather than train it again from scratch.
+
 This module drives the RL engine from the outside; the engine and the algorithm core never import it.
 """
 
@@ -33,6 +37,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -158,11 +163,16 @@ def cell_status(cell: Cell) -> str:
     marker = cell.run_dir / DONE
     if marker.is_file():
         try:
-            finished_at = int(json.loads(marker.read_text())["steps"])
+            info = json.loads(marker.read_text())
+            finished_at = int(info["steps"])
         except (ValueError, KeyError, TypeError):
-            finished_at = -1  # an unreadable marker proves nothing; the checkpoint decides below
+            info, finished_at = {}, -1  # an unreadable marker proves nothing; the checkpoint decides below
         if finished_at >= cell.config.steps:
             return "done"
+        if info.get("pruned") and not (cell.run_dir / "checkpoints").exists():
+            raise GridError(f"{cell.run_dir}: finished at step {finished_at} and its checkpoints were pruned "
+                            f"(--prune-finished), so it cannot be continued to step {cell.config.steps}; delete "
+                            "the cell to train it again from the start")
     if not (cell.run_dir / "config.yaml").is_file():
         return "new"
     step = latest_step(cell.run_dir)
@@ -181,6 +191,17 @@ def write_label(cell: Cell) -> None:
 def _write_done(cell: Cell) -> None:
     payload = json.dumps({"steps": cell.config.steps, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     atomic_write_text(cell.run_dir / DONE, payload)
+
+
+def prune_finished(cell: Cell) -> bool:
+    """Delete a finished cell's checkpoints, marking its done file ``pruned``; True when there were any."""
+    checkpoints = cell.run_dir / "checkpoints"
+    if cell_status(cell) != "done" or not checkpoints.exists():
+        return False
+    marker = json.loads((cell.run_dir / DONE).read_text())
+    atomic_write_text(cell.run_dir / DONE, json.dumps({**marker, "pruned": True}))  # first: never unmarked and gone
+    shutil.rmtree(checkpoints)
+    return True
 
 
 def _start_cell(cell: Cell, main: bool = True) -> str:
@@ -320,14 +341,16 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None
 def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str | None = None, command: list[str] | None = None,
-             log: Callable[[str], None] = print, score: str | None = None, jobs: int = 1) -> dict[str, Any] | None:
+             log: Callable[[str], None] = print, score: str | None = None, jobs: int = 1,
+             prune: bool = False) -> dict[str, Any] | None:
     """Train every cell that is not finished, then write the report (see module docs).
 
     ``jobs`` = 1: one cell after the other, in this process. ``jobs`` > 1: that many cells at once, each in its own
     process (:func:`train_cell_process`) with the cores shared out (a GPU is shared by all); a failed cell stops
     nothing else, and the grid then raises :class:`GridError` naming every failed cell. ``command`` is the command
     line recorded in summary.json (argv list). Under ``accelerate launch`` every process trains each cell as one
-    rank of it, and rank 0 alone writes the report (the others return None).
+    rank of it, and rank 0 alone writes the report (the others return None). ``prune``: each finished cell's
+    checkpoints are deleted once it is done (:func:`prune_finished`), cells finished earlier included.
     """
     if jobs < 1:
         raise ConfigError(f"--jobs: expected >= 1, got {jobs}")
@@ -354,6 +377,8 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
             start = time.perf_counter()
             action = train_cell(cell, log) if jobs == 1 else train_cell_process(cell, config_path, threads, log)
             wall = round(time.perf_counter() - start, 1)
+            if prune and is_main_process() and prune_finished(cell):
+                log(f"compare: {cell.method} seed {cell.seed}: checkpoints pruned ({cell.run_dir / 'checkpoints'})")
             if action == "skipped":
                 log(f"compare: [{i}/{len(cells)}] {cell.method} seed {cell.seed}: finished earlier, skipped")
             else:
