@@ -23,37 +23,11 @@ import json
 import sys
 from pathlib import Path
 
+from elastic_reset.evaluation.summary import pareto_outcome
+
 ER = "elastic_reset"
 BASELINES = ("kl", "kl_small")
 OTHERS = ("er_paper", "reset_to_init", "reset_to_ema", "nlpo")
-
-
-def pair(summary: dict, a: str, b: str) -> tuple[str, str]:
-    """(``dominates`` | ``dominated`` | ``trade-off`` | ``no comparison``, one line of numbers) for A against B."""
-    methods = summary["methods"]
-    row = next((r for r in summary["dominance"] if {r["a"], r["b"]} == {a, b}), None)
-    fa, fb = methods[a]["final_reward"], methods[b]["final_reward"]
-    da, db = methods[a]["final_drift"], methods[b]["final_drift"]
-    finals = (f"final reward {fa['mean']:.3f} ± {fa['se']:.3f} vs {fb['mean']:.3f} ± {fb['se']:.3f}; final "
-              f"perplexity {da['mean']:.1f} ± {da['se']:.1f} vs {db['mean']:.1f} ± {db['se']:.1f}")
-    if row is None or row.get("range") is None:
-        return "no comparison", f"no shared reward range; {finals}"
-    a_better, b_better = (row["a_better"], row["b_better"]) if row["a"] == a else (row["b_better"], row["a_better"])
-    lo, hi = row["range"]
-
-    def covered(m: str) -> float:  # how far up m's own frontier range the shared range reaches (its top matters)
-        levels = methods[m]["frontier"]["levels"]
-        return 1.0 if levels[-1] <= levels[0] else (hi - levels[0]) / (levels[-1] - levels[0])
-
-    ranges = ", ".join(f"{m} [{methods[m]['frontier']['levels'][0]:.3f}, {methods[m]['frontier']['levels'][-1]:.3f}]"
-                       for m in (a, b))
-    text = (f"shared reward range [{lo:.3f}, {hi:.3f}] (own ranges: {ranges}); lower perplexity there: {a} on "
-            f"{a_better:.0%}, {b} on {b_better:.0%}; {finals}")
-    if a_better >= 0.9 and covered(b) >= 0.9:
-        return "dominates", text
-    if b_better >= 0.9 and covered(a) >= 0.9:
-        return "dominated", text
-    return "trade-off", text
 
 
 def verdict(summary: dict) -> str:
@@ -64,7 +38,7 @@ def verdict(summary: dict) -> str:
     outcomes = {}
     for b in (*BASELINES, *OTHERS):
         if ER in methods and b in methods:
-            outcome, text = pair(summary, ER, b)
+            outcome, text = pareto_outcome(summary, ER, b)
             outcomes[b] = outcome
             lines.append(f"- **{ER} vs {b}: {outcome}** — {text}")
     dominated = [b for b in BASELINES if outcomes.get(b) == "dominates"]

@@ -69,3 +69,23 @@ def test_dominance_reports_where_each_method_is_better_and_the_area():
     assert d["area"] == pytest.approx(0.0, abs=1e-9)
     c = aggregate_frontier([([0.0, 1.0], [9.0, 9.0])], levels=levels)
     assert dominance(c, b)["a_better"] == 1.0 and dominance(c, b)["area"] == pytest.approx(2.0)
+
+
+def test_pareto_outcome_needs_the_better_drift_on_most_of_the_shared_range_and_the_others_reach():
+    from elastic_reset.evaluation.summary import pareto_outcome
+
+    def entry(lo, hi):
+        return {"final_reward": {"mean": hi, "se": 0.01}, "final_drift": {"mean": 50.0, "se": 1.0},
+                "frontier": {"levels": [lo, hi]}}
+
+    def summary(a_better, b_better, a_range, b_range, shared):
+        return {"drift": "perplexity", "lower_is_better": True, "methods": {"a": entry(*a_range), "b": entry(*b_range)},
+                "dominance": [{"a": "a", "b": "b", "range": shared, "a_better": a_better, "b_better": b_better}]}
+
+    assert pareto_outcome(summary(0.95, 0.05, (0.4, 0.9), (0.4, 0.8), (0.4, 0.8)), "a", "b")[0] == "dominates"
+    assert pareto_outcome(summary(0.95, 0.05, (0.4, 0.9), (0.4, 0.8), (0.4, 0.8)), "b", "a")[0] == "dominated"
+    assert pareto_outcome(summary(0.85, 0.15, (0.4, 0.9), (0.4, 0.8), (0.4, 0.8)), "a", "b")[0] == "trade-off"
+    # Better on the whole shared range, but that range stops at a third of B's own: B reached further, unmatched.
+    outcome, text = pareto_outcome(summary(1.0, 0.0, (0.4, 0.6), (0.4, 1.0), (0.4, 0.6)), "a", "b")
+    assert outcome == "trade-off" and "lower perplexity there: a on 100%" in text
+    assert pareto_outcome(summary(0.0, 0.0, (0.4, 0.5), (0.6, 0.9), None), "a", "b")[0] == "no comparison"

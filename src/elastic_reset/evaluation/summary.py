@@ -100,6 +100,41 @@ def dominance_summary(groups: dict[str, list[Run]]) -> list[dict[str, Any]]:
     return rows
 
 
+def pareto_outcome(summary: dict[str, Any], a: str, b: str, share: float = 0.9, reach: float = 0.9
+                   ) -> tuple[str, str]:
+    """Whether A Pareto-dominates B in a grid's ``summary.json``: ``dominates`` when A's mean frontier has the better
+    drift on at least ``share`` of the score range both cover *and* that range reaches at least ``reach`` of the way
+    up B's own frontier range (a mean frontier spans only the levels every seed reached, so one stalled seed
+    shortens it); ``dominated``, the same with A and B swapped; otherwise ``trade-off``, or ``no comparison`` without
+    a shared range. Returned with one line of the numbers (ranges, shares, final evaluations)."""
+    methods = summary["methods"]
+    score, drift = summary.get("score", "reward"), summary["drift"]
+    better = "lower" if summary["lower_is_better"] else "higher"
+    row = next((r for r in summary["dominance"] if {r["a"], r["b"]} == {a, b}), None)
+    fa, fb = methods[a]["final_reward"], methods[b]["final_reward"]
+    da, db = methods[a]["final_drift"], methods[b]["final_drift"]
+    finals = (f"final {score} {fa['mean']:.3f} ± {fa['se']:.3f} vs {fb['mean']:.3f} ± {fb['se']:.3f}; final "
+              f"{drift} {da['mean']:.1f} ± {da['se']:.1f} vs {db['mean']:.1f} ± {db['se']:.1f}")
+    if row is None or row.get("range") is None:
+        return "no comparison", f"no shared {score} range; {finals}"
+    a_better, b_better = (row["a_better"], row["b_better"]) if row["a"] == a else (row["b_better"], row["a_better"])
+    lo, hi = row["range"]
+
+    def covered(m: str) -> float:  # how far up m's own frontier range the shared range reaches (its top matters)
+        levels = methods[m]["frontier"]["levels"]
+        return 1.0 if levels[-1] <= levels[0] else (hi - levels[0]) / (levels[-1] - levels[0])
+
+    ranges = ", ".join(f"{m} [{methods[m]['frontier']['levels'][0]:.3f}, {methods[m]['frontier']['levels'][-1]:.3f}]"
+                       for m in (a, b))
+    text = (f"shared {score} range [{lo:.3f}, {hi:.3f}] (own ranges: {ranges}); {better} {drift} there: {a} on "
+            f"{a_better:.0%}, {b} on {b_better:.0%}; {finals}")
+    if a_better >= share and covered(b) >= reach:
+        return "dominates", text
+    if b_better >= share and covered(a) >= reach:
+        return "dominated", text
+    return "trade-off", text
+
+
 def format_dominance(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "Dominance: only one method, nothing to compare."
