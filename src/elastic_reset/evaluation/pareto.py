@@ -39,18 +39,6 @@ def frontier_at(scores, drifts, levels, lower_is_better: bool = True) -> np.ndar
     return out
 
 
-def frontier_points(scores, drifts, lower_is_better: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The corners of one run's frontier: the points not dominated by a point with at least the same score and
-    better drift, sorted by score. Plot them as a step function."""
-    scores = np.asarray(scores, dtype=float)
-    levels = np.unique(scores[np.isfinite(scores)])
-    values = frontier_at(scores, drifts, levels, lower_is_better)
-    keep = np.ones(levels.shape, dtype=bool)
-    # A level whose frontier equals the next higher level's adds no corner.
-    keep[:-1] = values[:-1] != values[1:]
-    return levels[keep], values[keep]
-
-
 @dataclass
 class Frontier:
     """A method's frontier over seeds on a grid of score levels."""

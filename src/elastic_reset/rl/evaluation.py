@@ -161,7 +161,7 @@ class Evaluator:
                 ref_logp = self.policy.score(rollout, ref).logprobs
             mask = rollout.response_mask.float()
             kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
-            lengths.append(mask.sum(1))
+            lengths.append(rollout.response_lengths.float())
             scores.append(chunk_scores[keep])
             completions.extend(texts)
             all_prompts.extend(chunk)

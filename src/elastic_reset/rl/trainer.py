@@ -383,7 +383,7 @@ class RLTrainer:
             "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
             **({"kl": mean_kl} if track_kl else {}),
             "kl_coef": beta,
-            "response_length": float(rollout.response_mask.sum(1).float().mean()),
+            "response_length": float(rollout.response_lengths.float().mean()),
             "dropped": int((~keep).sum()),
         }
         for key in dict.fromkeys(key for st in stats for key in st):  # each statistic's mean over the minibatches
