@@ -33,8 +33,6 @@ import contextlib
 import datetime as dt
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -87,35 +85,9 @@ def summary(samples: list[float]) -> dict:
 
 # ------------------------------------------------------------------------------------------------------ machine
 def machine_info(threads: int) -> dict:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-                break
-    flags = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line
-                break
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "mem_total_gib": mem_gib,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "threads_requested": threads,
-    }
+    from elastic_reset.lm.device import describe_machine
+
+    return {**describe_machine(), "torch_threads": torch.get_num_threads(), "threads_requested": threads}
 
 
 def loadavg() -> list[float] | None:
@@ -341,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     t0 = time.perf_counter()
     info = machine_info(args.threads)
-    print(f"{info['cpu_model']}, {info['cpu_count']} CPUs, {info['mem_total_gib']} GiB, torch {info['torch']}, "
+    print(f"{info['cpu']}, {info['cores']} CPUs, {info['mem_gib']} GiB, torch {info['torch']}, "
           f"{info['torch_threads']} threads; load average {load_before}", flush=True)
 
     vocab = 49152

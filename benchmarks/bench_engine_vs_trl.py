@@ -35,12 +35,10 @@ used) are inflated and noisy: compare rows of one run only.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -81,36 +79,19 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine_info(threads: int) -> dict:
     import peft
-    import transformers
     import trl
 
+    from elastic_reset.lm.device import describe_machine
+
     return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **describe_machine(),
         "trl": trl.__version__,
         "peft": peft.__version__,
-        "python": platform.python_version(),
         "threads": threads,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         # glibc allocator settings change both sides' timings (freshly mapped memory page-faults): recorded
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
 

@@ -178,3 +178,12 @@ def test_a_killed_training_process_leaves_a_lock_the_next_resume_takes_over(tmp_
                             out, resume=True)
     assert trainer.step >= 2
     trainer.close()
+
+
+def test_every_start_of_a_run_records_its_machine_and_first_step(tmp_path):
+    RLTrainer(cfg("steps=2"), tmp_path).train()
+    RLTrainer(cfg("steps=4"), tmp_path, resume=True).train()
+    starts = [json.loads(line) for line in (tmp_path / "machines.jsonl").read_text().splitlines()]
+    assert [s["from_step"] for s in starts] == [0, 2]  # the resumed start says where it took over
+    assert all(s["cpu"] and s["cores"] >= 1 and s["device"] == "cpu" and s["gpu"] is None and s["torch"]
+               for s in starts)

@@ -2,10 +2,16 @@
 
 :func:`resolve_device` turns a device setting into a ``torch.device``; :func:`native_bf16` says whether a device
 computes bf16 natively; :func:`autocast_dtype` turns an autocast setting into the dtype to autocast to (or None).
-The RL engine, the reward classifier and the pretraining builders all go through these.
+The RL engine, the reward classifier and the pretraining builders all go through these. :func:`describe_machine`
+says where a process runs, for run directories and benchmark results.
 """
 
 from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
 
 import torch
 
@@ -44,3 +50,33 @@ def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dt
     if setting == "none":
         return None
     return torch.bfloat16 if native_bf16(device) else None
+
+
+def describe_machine(device: torch.device | str | None = None) -> dict:
+    """Where this process runs: the CPU's model, cores (and those this process may use), memory, AVX-512 BF16, the
+    GPU's name when ``device`` is CUDA (None: when torch sees one), the platform, and the versions of Python, torch
+    and transformers, with the date. A grid that spans sessions runs on several machines: each run records this."""
+    import transformers
+
+    cpu, mem_gib = platform.processor() or "unknown", None
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name"))
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem_gib = round(int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1]) / 2**20, 1)
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass  # not Linux: the platform module's answer stands
+    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "mem_gib": mem_gib,
+        "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+        "gpu": torch.cuda.get_device_name(torch.device(device) if device is not None else None) if cuda else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }

@@ -2,7 +2,8 @@
 
 ``RunDirectory`` refuses what would overwrite or mix runs, holds the directory's lock for as long as the run
 lives (a second writer is refused, naming the holder's PID), writes ``config.yaml`` and ``task.json``, and on
-``--resume`` finds the checkpoint to continue from and cuts ``metrics.jsonl`` back to it. It never restarts
+``--resume`` finds the checkpoint to continue from and cuts ``metrics.jsonl`` back to it; every start appends the
+machine it runs on to ``machines.jsonl``. It never restarts
 from step 0 over results that a checkpoint once covered. Under data parallelism rank 0 alone locks and writes.
 """
 
@@ -13,13 +14,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from elastic_reset.errors import ConfigError, RunFileError, RunRecoveryWarning
 from elastic_reset.evaluation.runs import TASK_FILE
+from elastic_reset.lm.device import describe_machine
 from elastic_reset.io import POINTER, DirectoryLock, MetricsLog, atomic_write_text, remove_stale_temps
 from elastic_reset.rl.checkpoint import checkpoint_dir, list_checkpoints, load_latest
 from elastic_reset.rl.config import TrainConfig, check_same_run, config_to_dict
+
+
+MACHINES_FILE = "machines.jsonl"
+"""One line per start of the run: where it trained, from which step."""
 
 
 class RunDirectory:
@@ -73,6 +80,17 @@ class RunDirectory:
         # `elastic-reset pareto` needs no --score/--drift for a task that is not scored by reward and perplexity.
         atomic_write_text(self.path / TASK_FILE, json.dumps(
             {"name": task_name, "score": score_key, "drift": drift_key}) + "\n")
+
+    def record_machine(self, step: int, device) -> None:
+        """Append where this start of the run trains (:func:`~elastic_reset.lm.device.describe_machine`) and from
+        which step to ``machines.jsonl``: a run resumed on another machine, or a grid spread over sessions, says
+        which machine trained which steps."""
+        if not self.is_main:
+            return
+        record = {"from_step": step, **describe_machine(device), "device": str(device),
+                  "threads": torch.get_num_threads()}
+        with open(self.path / MACHINES_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     def read_json(self, name: str) -> Any | None:
         """A JSON file the run wrote for itself (None when absent); a damaged one is a one-line error."""

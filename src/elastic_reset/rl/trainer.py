@@ -557,6 +557,7 @@ class RLTrainer:
         from tqdm.auto import tqdm
 
         written: list[dict[str, Any]] = []
+        self.run.record_machine(self.step, self.device)
         self._cast_frozen_weights()
         bar = None
         try:
