@@ -57,7 +57,7 @@ PY
 fi
 # What BENCHMARKS.md cites, and what a later session (a new machine, whose runs/ is empty) needs to skip the cells
 # already trained: each finished cell's config, metrics, label, task and done marker (not its checkpoints), and
-# the report. COLLECT=1 only does this (for a grid stopped part-way).
+# the report (and machines.jsonl: where each cell trained). COLLECT=1 only does this (for a grid stopped part-way).
 collect() {
   mkdir -p "$RESULTS"
   for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
@@ -65,6 +65,7 @@ collect() {
     [ -f "$run/done" ] || continue
     dest=$RESULTS/runs/${run#"$GRID"/}
     mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$run"/task.json "$run"/done "$dest"
+    if [ -f "$run/machines.jsonl" ]; then cp "$run/machines.jsonl" "$dest"; fi  # runs since 2026-11-26
   done
 }
 if [ -n "${COLLECT:-}" ]; then collect; exit 0; fi
