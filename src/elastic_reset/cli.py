@@ -297,9 +297,13 @@ def _add_report_metrics(parser: argparse.ArgumentParser) -> None:
                              "task_bleu)")
 
 
-def _imdb_classifier_options(parser: argparse.ArgumentParser) -> None:
+def _imdb_data_dir_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
                         "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+
+
+def _imdb_classifier_options(parser: argparse.ArgumentParser) -> None:
+    _imdb_data_dir_option(parser)
     parser.add_argument("--out", default=None, help="where to write it (default: the cache path the task reads, "
                         "$ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-sentiment-minilm)")
     parser.add_argument("--n-train", type=_positive_int, default=6000, help="training reviews (default 6000)")
@@ -315,8 +319,7 @@ def _imdb_classifier_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _imdb_policy_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
-                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    _imdb_data_dir_option(parser)
     parser.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
                         "imdb-gpt2 reads, $ELASTIC_RESET_CACHE or ~/.cache/elastic_reset, /imdb-gpt2)")
     parser.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: "
@@ -325,8 +328,7 @@ def _imdb_policy_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", default=None, help="folder holding imdb/{train,test}.jsonl.gz, e.g. "
-                        "../shared/data (default: the Hugging Face `imdb` dataset, needs a network or its cache)")
+    _imdb_data_dir_option(parser)
     parser.add_argument("--out", default=None, help="where to write it (default: the cache path model.name "
                         "imdb-smollm2 reads)")
     parser.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps (default 600)")
