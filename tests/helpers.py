@@ -39,6 +39,25 @@ def learning_config(*overrides: str):
     return config_from_dict(data, list(overrides))
 
 
+# ------------------------------------------------------------------------------------------------ processes
+def sigkill_after_step(proc, metrics: Path, step: int, timeout: float) -> None:
+    """SIGKILL the training process ``proc`` once ``metrics`` holds an iteration record at ``step`` or later (the
+    test fails if the run ends first, or after ``timeout`` seconds); returns when it is dead."""
+    import signal
+    import time
+
+    from elastic_reset.io import read_metrics
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= step and "reward" in r for r in read_metrics(metrics)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 # ------------------------------------------------------------------------------------------------ records
 def evals(records):
     """``{step: record}`` of the evaluation records."""

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from elastic_reset.rl.config import ConfigError, load_config
 from elastic_reset.errors import DataFileError, RewardError, RunFileError
 from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import Task, get_task
-from helpers import tiny_config, trainable, without_times
+from helpers import sigkill_after_step, tiny_config, trainable, without_times
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -326,15 +324,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cli("train", TINY, "--out", killed, *overrides),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = killed / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and any(r.get("step", 0) >= 3 for r in read_metrics(metrics)):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    sigkill_after_step(proc, killed / "metrics.jsonl", 3, timeout=120)
     assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()
     subprocess.run(_cli("train", TINY, "--out", killed, "--resume", *overrides), check=True, capture_output=True)
     assert without_times(read_metrics(killed / "metrics.jsonl")) == without_times(read_metrics(full / "metrics.jsonl"))

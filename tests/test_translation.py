@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import math
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import get_task
 
 from conftest import SHARED_DATA
+from helpers import sigkill_after_step
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "translation.yaml"
@@ -308,14 +307,7 @@ def test_resume_after_sigkill_is_exact_with_the_listener_learning(agents, tmp_pa
         uninterrupted = subprocess.Popen(cli(tmp_path / "full"), stdout=subprocess.DEVNULL, stderr=log, env=env)
     proc = subprocess.Popen(cli(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and any(r.get("step", 0) >= 3 and "reward" in r for r in read_metrics(metrics)):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    sigkill_after_step(proc, metrics, 3, timeout=300)
     assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()
     subprocess.run(cli(tmp_path / "killed", "--resume"), check=True, capture_output=True, env=env)
 
