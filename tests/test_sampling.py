@@ -794,6 +794,18 @@ def test_static_steps_are_made_anew_when_the_parameters_or_adapters_change_not_w
     assert static_decoding._STATES[model][0] != held[0]
 
 
+def test_static_steps_refuse_a_model_transformers_does_not_run_over_a_static_cache():
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from elastic_reset.errors import ConfigError
+
+    model = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1)).eval()  # no attention
+    ids, mask = left_padded([3, 5])
+    with pytest.raises(ConfigError, match="sampling.cuda_graphs: MambaForCausalLM cannot decode over a static KV"):
+        run(model, ids, mask, max_new_tokens=4, cuda_graphs=True)
+    assert run(model, ids, mask, max_new_tokens=4).response_ids.shape == (2, 4)  # the default path decodes it
+
+
 @pytest.mark.parametrize("arch", ALL)
 def test_a_static_step_has_no_host_sync(arch):
     """A CUDA graph cannot hold a host sync (a tensor read in an `if`); dynamo's full-graph trace refuses one too,

@@ -26,7 +26,9 @@ import weakref
 
 import torch
 
-from elastic_reset.lm.scoring import accepts_logits_to_keep, decoder_start_id, device_of, position_ids_from_mask
+from elastic_reset.errors import ConfigError
+from elastic_reset.lm.scoring import (accepts_logits_to_keep, decoder_start_id, device_of, position_ids_from_mask,
+                                     unwrap_model)
 
 __all__ = ["PROMPT_BUCKET", "StaticDecoderStepper", "StaticSeq2SeqStepper", "fingerprint"]
 
@@ -112,6 +114,10 @@ class _StaticStepper:
     kind: str
 
     def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+        base = unwrap_model(model)
+        if not getattr(base, "_can_compile_fullgraph", False):  # transformers' mark of a static-cache model
+            raise ConfigError(f"sampling.cuda_graphs: {type(base).__name__} cannot decode over a static KV cache "
+                              "(transformers does not mark it as one that can); set sampling.cuda_graphs=false")
         self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
         self.autocast_dtype = autocast_dtype
         self.batch, self.tq = query_ids.shape
