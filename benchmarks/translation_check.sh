@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39, part 2: does the Translation Game's task score move with out-of-domain agents, before any grid?
 #   bash benchmarks/translation_check.sh           (after `elastic-reset build translation-agents`; resumable)
+#   AGENTS=DIR OUT=runs/other bash benchmarks/translation_check.sh   (agents built with --out DIR)
 # Runs, on all 1,014 val sentences (greedy; task = FR→EN→DE BLEU, drift = FR→EN BLEU), every EVERY updates:
 #  frozen     FROZEN ENGLISH: the speaker frozen, the listener adapting to Multi30k (lr 1e-4): the paper's +7 BLEU
 #  rloo       the speaker too: RLOO 16 prompts x 4 samples (a per-prompt baseline), SIL's optimiser (Adam beta2
@@ -14,6 +15,8 @@ STEPS=${STEPS:-1000}
 EVERY=${EVERY:-100}
 common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$EVERY" --set eval.num_prompts=1014
         --set kl.coef=0 --set kl.log_every=0 --set sampling.min_new_tokens=3 --set progress=false)
+# AGENTS: another build's folder (e.g. one with a Multi30k share, --pretrain-lines); default: the cache's.
+if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS"); fi
 sil=(--set algo.name=rloo --set algo.prompts_per_step=16 --set algo.samples_per_prompt=4 --set algo.minibatch_size=32
      --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9 --set algo.max_grad_norm=0.1
      --set algo.entropy_coef=0)
