@@ -16,7 +16,8 @@ EVERY=${EVERY:-100}
 common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$EVERY" --set eval.num_prompts=1014
         --set kl.coef=0 --set kl.log_every=0 --set sampling.min_new_tokens=3 --set progress=false)
 # AGENTS: another build's folder (e.g. one with a Multi30k share, --pretrain-lines); default: the cache's.
-if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS"); fi
+# The speaker (the policy) and the listener must come from the same build.
+if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en"); fi
 sil=(--set algo.name=rloo --set algo.prompts_per_step=16 --set algo.samples_per_prompt=4 --set algo.minibatch_size=32
      --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9 --set algo.max_grad_norm=0.1
      --set algo.entropy_coef=0)

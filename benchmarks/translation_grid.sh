@@ -36,7 +36,8 @@ common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$
         --set algo.minibatch_size=32 --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9
         --set algo.max_grad_norm=0.1 --set algo.entropy_coef=0 --set algo.lr="$LR")
 # AGENTS: another build's folder (`build translation-agents --out DIR`); default: the cache's.
-if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS"); fi
+# The speaker (the policy) and the listener must come from the same build.
+if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en"); fi
 for n in $(seq 1 "$SEEDS"); do
   .venv/bin/elastic-reset compare configs/translation.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
     --score task_bleu --drift drift_bleu \
