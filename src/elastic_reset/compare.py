@@ -296,11 +296,11 @@ def probe_gpu_peak_gib(cell: Cell, config_path: str | Path) -> float:
     return max(peaks)
 
 
-def check_gpu_room(cells: list[Cell], config_path: str | Path, jobs: int, log: Callable[[str], None] = print) -> None:
-    """Before ``jobs`` cells share one GPU: each label's peak is measured by :func:`probe_gpu_peak_gib` (the
-    largest stands for all), and ``jobs`` of them, a CUDA context each, must fit in the GPU's free memory. Refused
-    otherwise, naming how many fit. Nothing to check off CUDA or for a single job."""
-    pending = [cell for cell in cells if cell_status(cell) != "done"]
+def check_gpu_room(pending: list[Cell], config_path: str | Path, jobs: int, log: Callable[[str], None] = print
+                   ) -> None:
+    """Before ``jobs`` of the ``pending`` cells (those not finished) share one GPU: each label's peak is measured by
+    :func:`probe_gpu_peak_gib` (the largest stands for all), and ``jobs`` of them, a CUDA context each, must fit in
+    the GPU's free memory. Refused otherwise, naming how many fit. Nothing to check off CUDA or for a single job."""
     devices = {str(resolve_device(cell.config.model.device)) for cell in pending}
     at_once = min(jobs, len(pending))
     if at_once < 2 or not any(d.startswith("cuda") for d in devices):
@@ -367,10 +367,10 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
     out_dir.mkdir(parents=True, exist_ok=True)
     # One grid process at a time (each cell's run directory is locked by its trainer too); rank 0 holds it.
     with DirectoryLock(out_dir, "compare grid") if is_main_process() else contextlib.nullcontext():
-        for cell in cells:  # a cell trained from another config is refused now, before any other cell trains
-            cell_status(cell)
+        # A cell trained from another config is refused now, before any other cell trains.
+        pending = [cell for cell in cells if cell_status(cell) != "done"]
         if jobs > 1:
-            check_gpu_room(cells, config_path, jobs, log)
+            check_gpu_room(pending, config_path, jobs, log)
         threads = max(1, cpu_count() // jobs)
 
         def one(i: int, cell: Cell) -> dict[str, Any]:
