@@ -6,17 +6,21 @@ Tiny agents (a 300-line vocabulary and one-layer 32-wide models, two epochs) are
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from elastic_reset.data.translation import game_pairs, load_multi30k, pretrain_part, split_train
+from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.evaluation.runs import load_run
 from elastic_reset.io import read_metrics
 from elastic_reset.lm.batching import length_grouped_batches
@@ -172,6 +176,62 @@ def test_build_writes_three_models_with_the_shared_tokenizer(agents):
     assert len(vocab) == 1
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt_at(text: str):
+    """A build log that stops the build where a line containing ``text`` would be printed."""
+    def log(line: str) -> None:
+        if text in line:
+            raise _Interrupted(line)
+    return log
+
+
+def test_an_interrupted_build_resumes_to_the_agents_of_an_uninterrupted_one(agents, tmp_path):
+    out = tmp_path / "translation-game"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the fixture's build: the same arithmetic
+    try:
+        # Stopped while printing the LM's 2nd epoch (its perplexity improves every epoch, so the agent kept is the
+        # one trained on after the resume): the translators are finished, the LM after epoch 1.
+        with pytest.raises(_Interrupted):
+            build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=_interrupt_at("en-lm epoch 2"))
+        assert not out.exists()
+        lines = []
+        build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lines.append, resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert "build translation-agents: fr-en resumed after epoch 2 (finished)" in lines
+    assert "build translation-agents: en-de resumed after epoch 2 (finished)" in lines
+    assert "build translation-agents: en-lm resumed after epoch 1" in lines
+    assert not (tmp_path / "translation-game.checkpoints").exists()
+    for name in ("fr-en", "en-de", "en-lm"):
+        resumed, whole = (load_file(folder / name / "model.safetensors") for folder in (out, agents))
+        assert resumed.keys() == whole.keys()
+        assert all(torch.equal(resumed[k], whole[k]) for k in whole), name
+    built = [json.loads((folder / "build_metrics.json").read_text()) for folder in (out, agents)]
+    assert built[0]["pretrained"] == built[1]["pretrained"]
+
+
+def test_a_build_left_unfinished_is_continued_only_with_resume_and_its_own_settings(tmp_path):
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"offline datasets not found at {SHARED_DATA} (set ELASTIC_RESET_DATA to the data folder)")
+    out = tmp_path / "translation-game"
+    with pytest.raises(_Interrupted):
+        build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=_interrupt_at("joint vocabulary"))
+    with pytest.raises(FileExistsError, match="--resume"):
+        build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lambda _: None)
+    with pytest.raises(ConfigError, match="^max_epochs: .* started with 2, not 3"):
+        build_agents(SHARED_DATA, out, replace(TINY_AGENTS, max_epochs=3), limit=300, log=lambda _: None,
+                     resume=True)
+    with pytest.raises(ConfigError, match="^limit: "):
+        build_agents(SHARED_DATA, out, TINY_AGENTS, limit=200, log=lambda _: None, resume=True)
+    (tmp_path / "translation-game.checkpoints" / "fr-en.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RunFileError, match="fr-en.pt: not a checkpoint this build wrote"):
+        build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lambda _: None, resume=True)
+
+
 def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_path):
     import json
     import shutil
@@ -276,7 +336,6 @@ def test_kl_to_the_english_lm_scores_the_message_alone(agents, tmp_path):
 
 
 def test_encoder_decoder_task_with_perplexity_drift_is_refused(agents, tmp_path):
-    from elastic_reset.errors import ConfigError
     from elastic_reset.tasks.base import Task
 
     task = get_task("translation_game", str(SHARED_DATA), agents=str(agents))

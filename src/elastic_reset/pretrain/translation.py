@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,7 +37,8 @@ from pathlib import Path
 import torch
 
 from elastic_reset.data.translation import load_multi30k, pretraining_dev, pretraining_text
-from elastic_reset.io import save_folder_atomically
+from elastic_reset.errors import ConfigError, RunFileError
+from elastic_reset.io import atomic_write, atomic_write_text, open_regular, save_folder_atomically
 from elastic_reset.lm.batching import length_grouped_batches
 from elastic_reset.lm.device import resolve_device
 from elastic_reset.lm.greedy import greedy_translate
@@ -165,13 +167,51 @@ def _inverse_sqrt(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
-def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, log, higher_is_better: bool):
+def _rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _read_checkpoint(path: Path) -> dict:
+    """An agent's checkpoint: tensors and plain data only (``weights_only``), as the RL engine's."""
+    with open_regular(path) as f:
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise RunFileError(f"{path}: not a checkpoint this build wrote, or a damaged one "
+                               f"({type(err).__name__}); delete it to train this agent from its start") from None
+
+
+def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, log, higher_is_better: bool,
+           checkpoint: Path | None = None):
     """Epochs of ``batches_of_epoch(epoch) -> iterable of loss closures`` with early stopping on ``score_val``;
-    returns (best score, epochs run) and leaves the best weights in ``model``."""
+    returns (best score, epochs run, seconds) and leaves the best weights in ``model``. With ``checkpoint``, the
+    state after every epoch (weights, optimizer, schedule, RNG, early-stopping counters) is written there
+    atomically, and a file already there is continued from: the resumed build trains what the uninterrupted one
+    would have."""
+    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _inverse_sqrt(s + 1, config.warmup))
-    best, best_state, stale, t0 = None, None, 0, time.perf_counter()
-    for epoch in range(config.max_epochs):
+    state = {"epoch": 0, "best": None, "best_state": None, "stale": 0, "seconds": 0.0, "done": False}
+    if checkpoint is not None and checkpoint.exists():
+        state = _read_checkpoint(checkpoint)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        _set_rng_state(state["rng"], device)
+        log(f"build translation-agents: {name} resumed after epoch {state['epoch']}"
+            + (" (finished)" if state["done"] else ""))
+    t0 = time.perf_counter() - state["seconds"]
+    while not state["done"]:
+        epoch = state["epoch"]
         model.train()
         losses = []
         for loss_fn in batches_of_epoch(epoch):
@@ -184,20 +224,26 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
             losses.append(float(loss.detach()))
         model.eval()
         score = score_val()
+        best = state["best"]
         improved = best is None or (score > best if higher_is_better else score < best)
         log(f"build translation-agents: {name} epoch {epoch + 1}: train loss {sum(losses) / len(losses):.3f}, val "
             f"{'BLEU' if higher_is_better else 'perplexity'} {score:.2f}{' (best)' if improved else ''} "
             f"({time.perf_counter() - t0:.0f} s)")
         if improved:
-            best, stale = score, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            state.update(best=score, stale=0,
+                         best_state={k: v.detach().clone() for k, v in model.state_dict().items()})
         else:
-            stale += 1
-            if stale >= config.patience:
-                break
-    model.load_state_dict(best_state)
+            state["stale"] += 1
+        state["epoch"] = epoch + 1
+        state["done"] = state["epoch"] >= config.max_epochs or state["stale"] >= config.patience
+        state["seconds"] = time.perf_counter() - t0
+        if checkpoint is not None:
+            state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                         schedule=schedule.state_dict(), rng=_rng_state(device))
+            atomic_write(checkpoint, lambda f: torch.save(state, f))
+    model.load_state_dict(state["best_state"])
     model.eval()
-    return best, epoch + 1
+    return state["best"], state["epoch"], state["seconds"]
 
 
 def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> torch.Tensor:
@@ -207,8 +253,10 @@ def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> to
 
 
 def pretrain_translator(sources: list[str], targets: list[str], val_sources: list[str], val_targets: list[str],
-                        tokenizer, config: AgentConfig, name: str, log=print, device: str = "cpu"):
-    """A translator trained on (source, target) pairs, early-stopped on greedy val BLEU. Returns (model, info)."""
+                        tokenizer, config: AgentConfig, name: str, log=print, device: str = "cpu",
+                        checkpoint: Path | None = None):
+    """A translator trained on (source, target) pairs, early-stopped on greedy val BLEU (``checkpoint``: see
+    :func:`_train`). Returns (model, info)."""
     model = build_translator(config, tokenizer).to(device)
     lengths = [len(ids) for ids in tokenizer(targets)["input_ids"]]
 
@@ -220,15 +268,16 @@ def pretrain_translator(sources: list[str], targets: list[str], val_sources: lis
     def val_bleu() -> float:
         return bleu(greedy_translate(model, tokenizer, val_sources), val_targets)
 
-    t0 = time.perf_counter()
-    score, epochs = _train(model, batches, val_bleu, config, name, log, higher_is_better=True)
-    return model, {"val_bleu": score, "epochs": epochs, "seconds": time.perf_counter() - t0,
+    score, epochs, seconds = _train(model, batches, val_bleu, config, name, log, higher_is_better=True,
+                                    checkpoint=checkpoint)
+    return model, {"val_bleu": score, "epochs": epochs, "seconds": seconds,
                    "parameters": sum(p.numel() for p in model.parameters())}
 
 
 def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, config: AgentConfig, log=print,
-                        device: str = "cpu"):
-    """The English LM of the KL baseline, early-stopped on val perplexity. Returns (model, info)."""
+                        device: str = "cpu", checkpoint: Path | None = None):
+    """The English LM of the KL baseline, early-stopped on val perplexity (``checkpoint``: see :func:`_train`).
+    Returns (model, info)."""
     model = build_english_lm(config, tokenizer).to(device)
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
     # <s> text </s>: conditioned on <s> alone, as the KL penalty scores a message.
@@ -248,9 +297,9 @@ def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, confi
         nll, tokens = sequence_nll(model, tokenizer, val_texts, batch_size=256, **scoring)
         return math.exp(float(nll.double().sum()) / int(tokens.sum()))
 
-    t0 = time.perf_counter()
-    score, epochs = _train(model, batches, val_perplexity, config, "en-lm", log, higher_is_better=False)
-    return model, {"val_perplexity": score, "epochs": epochs, "seconds": time.perf_counter() - t0,
+    score, epochs, seconds = _train(model, batches, val_perplexity, config, "en-lm", log, higher_is_better=False,
+                                    checkpoint=checkpoint)
+    return model, {"val_perplexity": score, "epochs": epochs, "seconds": seconds,
                    "parameters": sum(p.numel() for p in model.parameters())}
 
 
@@ -263,14 +312,51 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
             "en_de_bleu": bleu(greedy_translate(listener, tokenizer, split["en"]), split["de"])}
 
 
+def _checkpoints_folder(out: Path, settings: dict, resume: bool) -> Path:
+    """``<out>.checkpoints/``, where an unfinished build keeps its vocabulary and agents, with the settings it was
+    started with (``build.json``): a new build finds none there, a resumed one the same settings."""
+    work = out.parent / f"{out.name}.checkpoints"
+    record = work / "build.json"
+    if work.exists() and not resume:
+        raise FileExistsError(f"{work}: an unfinished build is there; continue it with --resume (or delete it)")
+    if record.exists():
+        then = json.loads(record.read_text())
+        now = json.loads(json.dumps(settings))  # as JSON reads it back (tuples become lists)
+        for key, value in now["config"].items():
+            started = then.get("config", {}).get(key)
+            if started != value:
+                raise ConfigError(f"{key}: the unfinished build in {work} was started with {started!r}, not "
+                                  f"{value!r}; resume it with its own settings, or delete it")
+        if then.get("limit") != now["limit"]:
+            raise ConfigError(f"limit: the unfinished build in {work} was started with {then.get('limit')!r}")
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, json.dumps(settings, indent=2) + "\n")
+    return work
+
+
+def _shared_tokenizer(path: Path, texts: list[str], vocab_size: int):
+    """The joint vocabulary, trained once and kept at ``path``: a fresh build and a resumed one read the same file."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not path.exists():
+        tokenizer = train_tokenizer(texts, vocab_size)
+        save_folder_atomically(path, tokenizer.save_pretrained)
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
-                 log=print, device: str = "cpu") -> dict:
+                 log=print, device: str = "cpu", resume: bool = False) -> dict:
     """Everything ``elastic-reset build translation-agents`` writes into ``out`` (atomically, as one folder):
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
     ``build_metrics.json``. ``limit`` caps the pretraining pairs and the dev, val and test lines (for tests).
     ``device``: where to train (``auto``: CUDA when present); the folder holds the weights the same way either
-    way."""
+    way. Until the build finishes, the vocabulary and each agent's state after every epoch are kept in
+    ``<out>.checkpoints/``; ``resume`` continues from there (the same settings required), else a folder left there
+    is refused."""
     device = resolve_device(device, "--device")
+    out = Path(out)
+    work = _checkpoints_folder(out, {"config": asdict(config), "limit": limit}, resume)
     t_start = time.perf_counter()
     train = load_multi30k(data_dir, "train")
     multi30k_lines = config.multi30k_lines(len(train["fr"]))
@@ -283,22 +369,30 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         val = {lang: lines[:limit] for lang, lines in val.items()}
         test = {lang: lines[:limit] for lang, lines in test.items()}
     (fr, en), (en2, de) = text["fr-en"], text["en-de"]
-    tokenizer = train_tokenizer(fr + en + en2 + de, config.vocab_size)
+    tokenizer = _shared_tokenizer(work / "tokenizer", fr + en + en2 + de, config.vocab_size)
     log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {config.corpus} "
         f"({len(fr):,} fr-en and {len(en2):,} en-de pairs, {multi30k_lines:,} of them "
         "Multi30k lines)")
     dev = text["dev"]
-    speaker, speaker_info = pretrain_translator(fr, en, *dev["fr-en"], tokenizer, config, "fr-en", log, device)
-    listener, listener_info = pretrain_translator(en2, de, *dev["en-de"], tokenizer, config, "en-de", log, device)
-    lm, lm_info = pretrain_english_lm(text["en"], dev["en"], tokenizer, config, log, device)
+    set_up = time.perf_counter() - t_start
+    speaker, speaker_info = pretrain_translator(fr, en, *dev["fr-en"], tokenizer, config, "fr-en", log, device,
+                                                checkpoint=work / "fr-en.pt")
+    listener, listener_info = pretrain_translator(en2, de, *dev["en-de"], tokenizer, config, "en-de", log, device,
+                                                  checkpoint=work / "en-de.pt")
+    lm, lm_info = pretrain_english_lm(text["en"], dev["en"], tokenizer, config, log, device,
+                                      checkpoint=work / "en-lm.pt")
+    t_scoring = time.perf_counter()
+    pretrained = {"val": pretrained_scores(speaker, listener, tokenizer, val),
+                  "test": pretrained_scores(speaker, listener, tokenizer, test)}
+    agents = {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info}
     metrics = {
-        "agents": {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info},
-        "pretrained": {"val": pretrained_scores(speaker, listener, tokenizer, val),
-                       "test": pretrained_scores(speaker, listener, tokenizer, test)},
+        "agents": agents, "pretrained": pretrained,
         "corpus": config.corpus, "pretrain_pairs": {"fr-en": len(fr), "en-de": len(en2), "en": len(text["en"])},
         "split": {"seed": 0, "pretrain_lines": multi30k_lines},
-        "build_seconds": time.perf_counter() - t_start, "config": asdict(config),
-        "torch_threads": torch.get_num_threads(), "device": str(device),
+        # A resumed build: each agent's training over every process, plus this process's set-up and scoring.
+        "build_seconds": set_up + sum(info["seconds"] for info in agents.values())
+        + time.perf_counter() - t_scoring,
+        "config": asdict(config), "torch_threads": torch.get_num_threads(), "device": str(device),
     }
     log("build translation-agents: PRETRAINED " + ", ".join(
         f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
@@ -310,16 +404,18 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
             tokenizer.save_pretrained(tmp / name)
         (tmp / "build_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
-    save_folder_atomically(Path(out), write)
+    save_folder_atomically(out, write)
+    shutil.rmtree(work)
     return metrics
 
 
 def build_translation_agents(data_dir: str | Path, out: str | Path | None = None, *, max_epochs: int | None = None,
                              pretrain_lines: int | None = None, label_smoothing: float | None = None,
                              corpus: str = "tatoeba", device: str = "auto", force: bool = False,
-                             log=print) -> tuple[Path, dict]:
+                             resume: bool = False, log=print) -> tuple[Path, dict]:
     """``elastic-reset build translation-agents``: :func:`build_agents` with :class:`AgentConfig`'s defaults but for
-    the settings given, into ``out`` (default: where the ``translation_game`` task looks). Returns (out, metrics)."""
+    the settings given, into ``out`` (default: where the ``translation_game`` task looks); ``resume`` continues an
+    interrupted build. Returns (out, metrics)."""
     from elastic_reset.models import translation_agents_path
 
     out = Path(out) if out else translation_agents_path(required=False)
@@ -330,4 +426,4 @@ def build_translation_agents(data_dir: str | Path, out: str | Path | None = None
         config = replace(config, max_epochs=max_epochs)
     if label_smoothing is not None:
         config = replace(config, label_smoothing=label_smoothing)
-    return out, build_agents(data_dir, out, config, log=log, device=device)
+    return out, build_agents(data_dir, out, config, log=log, device=device, resume=resume)
