@@ -24,7 +24,8 @@ from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.evaluation.runs import load_run
 from elastic_reset.io import read_metrics
 from elastic_reset.lm.batching import length_grouped_batches
-from elastic_reset.pretrain.translation import AgentConfig, bleu, build_agents, train_tokenizer
+from elastic_reset.pretrain.translation import (AdaptConfig, AgentConfig, adapt_agents, bleu, build_agents,
+                                               build_translation_agents, train_tokenizer)
 from elastic_reset.rl.config import config_from_dict
 from elastic_reset.rl.trainer import RLTrainer
 from elastic_reset.tasks import get_task
@@ -230,6 +231,44 @@ def test_a_build_left_unfinished_is_continued_only_with_resume_and_its_own_setti
     (tmp_path / "translation-game.checkpoints" / "fr-en.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(RunFileError, match="fr-en.pt: not a checkpoint this build wrote"):
         build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lambda _: None, resume=True)
+
+
+def _speaker_nll(folder: Path, pairs: list[tuple[str, str]]) -> float:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from elastic_reset.lm.scoring import token_nll
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder / "fr-en").eval()
+    with torch.no_grad():
+        nll, mask = token_nll(model, AutoTokenizer.from_pretrained(folder / "fr-en"), pairs, max_tokens=64)
+    return float(nll.sum() / mask.sum())
+
+
+def test_adapting_agents_on_a_share_of_multi30k_fits_the_share_and_moves_the_game_off_it(agents, tmp_path):
+    out = tmp_path / "adapted"
+    before = (agents / "build_metrics.json").read_text()
+    metrics = adapt_agents(SHARED_DATA, agents, out, AdaptConfig(lines=256, epochs=2), limit=64, log=lambda _: None)
+    assert (agents / "build_metrics.json").read_text() == before  # the source is left as it was
+    assert metrics["split"]["pretrain_lines"] == 256
+    assert metrics["adapted"]["pretrained_before"] == json.loads(before)["pretrained"]
+    train = load_multi30k(SHARED_DATA, "train")
+    share = pretrain_part(train, pretrain_lines=256)
+    pairs = list(zip(share["fr"], share["en"]))
+    assert _speaker_nll(out, pairs) < _speaker_nll(agents, pairs) - 0.1
+    task = get_task("translation_game", str(SHARED_DATA), agents=str(out))
+    assert set(task.train_prompts) == {fr for fr, _ in game_pairs(train, pretrain_lines=256)}
+    assert len(task.pretrain_texts) == 165_479 + 256  # S2P rehearses what the agents learned from: Tatoeba, the share
+    with pytest.raises(ConfigError, match="^--adapt: .* expected a build on tatoeba alone"):
+        adapt_agents(SHARED_DATA, out, tmp_path / "twice", AdaptConfig(lines=256), log=lambda _: None)
+
+
+def test_adapt_options_are_checked_before_anything_trains(agents, tmp_path):
+    with pytest.raises(ConfigError, match="^--out: .* is the folder being adapted"):
+        build_translation_agents(SHARED_DATA, agents, pretrain_lines=256, adapt=agents, force=True)
+    with pytest.raises(ConfigError, match="^--pretrain-lines: --adapt needs"):
+        build_translation_agents(SHARED_DATA, tmp_path / "a", adapt=agents)
+    with pytest.raises(ConfigError, match="^--adapt: takes"):
+        build_translation_agents(SHARED_DATA, tmp_path / "a", pretrain_lines=256, adapt=agents, resume=True)
 
 
 def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_path):

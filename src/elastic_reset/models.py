@@ -80,7 +80,7 @@ def translation_agents_path(required: bool = True) -> Path:
     path = cache_dir() / "translation-game"
     if required and not (path / "fr-en" / "config.json").is_file():
         raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
-                                "(about 40 minutes on a 2-core CPU)")
+                                "(~6 minutes an epoch on a 2-core CPU)")
     return path
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_reset.data.translation import load_multi30k, pretraining_dev, pretraining_text
+from elastic_reset.data.translation import load_multi30k, pretrain_part, pretraining_dev, pretraining_text
 from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.io import atomic_write, atomic_write_text, open_regular, save_folder_atomically
 from elastic_reset.lm.batching import length_grouped_batches
@@ -190,6 +190,28 @@ def _read_checkpoint(path: Path) -> dict:
                                f"({type(err).__name__}); delete it to train this agent from its start") from None
 
 
+def _optimizer(model, lr: float) -> torch.optim.AdamW:
+    """fairseq's IWSLT AdamW (β2 0.98, weight decay 1e-4)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=1e-4)
+
+
+def _epoch(model, loss_fns, optimizer, schedule) -> float:
+    """One pass of optimizer steps over ``loss_fns`` (clipped at norm 1); the mean loss. Leaves ``model`` in eval
+    mode."""
+    model.train()
+    losses = []
+    for loss_fn in loss_fns:
+        loss = loss_fn()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    model.eval()
+    return sum(losses) / len(losses)
+
+
 def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, log, higher_is_better: bool,
            checkpoint: Path | None = None):
     """Epochs of ``batches_of_epoch(epoch) -> iterable of loss closures`` with early stopping on ``score_val``;
@@ -198,7 +220,7 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
     atomically, and a file already there is continued from: the resumed build trains what the uninterrupted one
     would have."""
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=1e-4)
+    optimizer = _optimizer(model, config.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _inverse_sqrt(s + 1, config.warmup))
     state = {"epoch": 0, "best": None, "best_state": None, "stale": 0, "seconds": 0.0, "done": False}
     if checkpoint is not None and checkpoint.exists():
@@ -212,21 +234,11 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
     t0 = time.perf_counter() - state["seconds"]
     while not state["done"]:
         epoch = state["epoch"]
-        model.train()
-        losses = []
-        for loss_fn in batches_of_epoch(epoch):
-            loss = loss_fn()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-        model.eval()
+        loss = _epoch(model, batches_of_epoch(epoch), optimizer, schedule)
         score = score_val()
         best = state["best"]
         improved = best is None or (score > best if higher_is_better else score < best)
-        log(f"build translation-agents: {name} epoch {epoch + 1}: train loss {sum(losses) / len(losses):.3f}, val "
+        log(f"build translation-agents: {name} epoch {epoch + 1}: train loss {loss:.3f}, val "
             f"{'BLEU' if higher_is_better else 'perplexity'} {score:.2f}{' (best)' if improved else ''} "
             f"({time.perf_counter() - t0:.0f} s)")
         if improved:
@@ -252,18 +264,44 @@ def _smoothed_nll(model, tokenizer, sources, targets, config: AgentConfig) -> to
     return label_smoothed_loss(nll, mask, logits, config.label_smoothing)
 
 
-def pretrain_translator(sources: list[str], targets: list[str], val_sources: list[str], val_targets: list[str],
-                        tokenizer, config: AgentConfig, name: str, log=print, device: str = "cpu",
-                        checkpoint: Path | None = None):
-    """A translator trained on (source, target) pairs, early-stopped on greedy val BLEU (``checkpoint``: see
-    :func:`_train`). Returns (model, info)."""
-    model = build_translator(config, tokenizer).to(device)
+def _translator_batches(model, tokenizer, sources: list[str], targets: list[str], config: AgentConfig):
+    """``batches(epoch)``: the label-smoothed loss closures of one epoch over (source, target) pairs of similar
+    length, in a seeded order."""
     lengths = [len(ids) for ids in tokenizer(targets)["input_ids"]]
 
     def batches(epoch: int):
         for idx in length_grouped_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
             yield lambda idx=idx: _smoothed_nll(model, tokenizer, [sources[i] for i in idx],
                                                 [targets[i] for i in idx], config)
+    return batches
+
+
+_LM_SCORING = {"prepend_bos": True}
+"""<s> text </s>: the LM is conditioned on <s> alone, as the KL penalty scores a message."""
+
+
+def _lm_batches(model, tokenizer, texts: list[str], config: AgentConfig):
+    """``batches(epoch)``: the English LM's per-token NLL closures of one epoch, as :func:`_translator_batches`."""
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+
+    def batches(epoch: int):
+        for idx in length_grouped_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
+            chunk = [texts[i] for i in idx]
+
+            def loss(chunk=chunk):
+                nll, scored = token_nll(model, tokenizer, chunk, max_tokens=config.max_tokens, **_LM_SCORING)
+                return nll.sum() / scored.sum()
+            yield loss
+    return batches
+
+
+def pretrain_translator(sources: list[str], targets: list[str], val_sources: list[str], val_targets: list[str],
+                        tokenizer, config: AgentConfig, name: str, log=print, device: str = "cpu",
+                        checkpoint: Path | None = None):
+    """A translator trained on (source, target) pairs, early-stopped on greedy val BLEU (``checkpoint``: see
+    :func:`_train`). Returns (model, info)."""
+    model = build_translator(config, tokenizer).to(device)
+    batches = _translator_batches(model, tokenizer, sources, targets, config)
 
     def val_bleu() -> float:
         return bleu(greedy_translate(model, tokenizer, val_sources), val_targets)
@@ -279,22 +317,12 @@ def pretrain_english_lm(texts: list[str], val_texts: list[str], tokenizer, confi
     """The English LM of the KL baseline, early-stopped on val perplexity (``checkpoint``: see :func:`_train`).
     Returns (model, info)."""
     model = build_english_lm(config, tokenizer).to(device)
-    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
-    # <s> text </s>: conditioned on <s> alone, as the KL penalty scores a message.
-    scoring = {"max_tokens": config.max_tokens, "prepend_bos": True}
-
-    def batches(epoch: int):
-        for idx in length_grouped_batches(lengths, config.batch_size, config.seed * 1000 + epoch):
-            chunk = [texts[i] for i in idx]
-
-            def loss(chunk=chunk):
-                nll, scored = token_nll(model, tokenizer, chunk, **scoring)
-                return nll.sum() / scored.sum()
-            yield loss
+    batches = _lm_batches(model, tokenizer, texts, config)
 
     @torch.no_grad()
     def val_perplexity() -> float:
-        nll, tokens = sequence_nll(model, tokenizer, val_texts, batch_size=256, **scoring)
+        nll, tokens = sequence_nll(model, tokenizer, val_texts, batch_size=256, **_LM_SCORING,
+                                   max_tokens=config.max_tokens)
         return math.exp(float(nll.double().sum()) / int(tokens.sum()))
 
     score, epochs, seconds = _train(model, batches, val_perplexity, config, "en-lm", log, higher_is_better=False,
@@ -310,6 +338,18 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
     german = greedy_translate(listener, tokenizer, english)
     return {"drift_bleu": bleu(english, split["en"]), "task_bleu": bleu(german, split["de"]),
             "en_de_bleu": bleu(greedy_translate(listener, tokenizer, split["en"]), split["de"])}
+
+
+def _write_agents(out: Path, models, tokenizer, metrics: dict) -> None:
+    """The three agents (as :data:`AGENTS`), each with the shared tokenizer, and ``build_metrics.json``: one folder,
+    swapped in whole."""
+    def write(tmp: Path) -> None:
+        for name, model in zip(AGENTS, models):
+            model.to("cpu").save_pretrained(tmp / name)
+            tokenizer.save_pretrained(tmp / name)
+        (tmp / "build_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+    save_folder_atomically(out, write)
 
 
 def _checkpoints_folder(out: Path, settings: dict, resume: bool) -> Path:
@@ -398,29 +438,97 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
         for split, s in metrics["pretrained"].items()))
 
-    def write(tmp: Path) -> None:
-        for name, model in zip(AGENTS, (speaker, listener, lm)):
-            model.to("cpu").save_pretrained(tmp / name)
-            tokenizer.save_pretrained(tmp / name)
-        (tmp / "build_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-
-    save_folder_atomically(out, write)
+    _write_agents(out, (speaker, listener, lm), tokenizer, metrics)
     shutil.rmtree(work)
+    return metrics
+
+
+@dataclass
+class AdaptConfig:
+    """Continued pretraining of agents built on Tatoeba alone on a stated share of Multi30k train (issue 39: their
+    PRETRAINED row is a quarter of the paper's). Minutes, where a rebuild with the share mixed into the Tatoeba pairs
+    takes over an hour, and the share is not drowned by 165k Tatoeba pairs."""
+
+    lines: int
+    """Lines of Multi30k train adapted on: the pretraining part of the seeded split, as ``--pretrain-lines``; the
+    game is played on the rest."""
+    epochs: int = 3
+    """Passes over the share. No early stopping: Multi30k val scores the game, and Tatoeba's dev the other domain."""
+    lr: float = 3e-4
+    """Constant AdamW learning rate: about where the pretraining's schedule ended (2e-3 · √(200 / ~10k steps))."""
+
+
+def adapt_agents(data_dir: str | Path, source: str | Path, out: str | Path, adapt: AdaptConfig, *,
+                 limit: int | None = None, log=print, device: str = "cpu") -> dict:
+    """The agents in ``source`` (a Tatoeba-only build) trained further on ``adapt.lines`` lines of Multi30k train,
+    written to ``out`` as :func:`build_agents` writes (``build_metrics.json`` records the share, so the game
+    plays on the other lines, and the scores before). ``limit`` caps the val and test lines (for tests)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
+
+    device = resolve_device(device, "--device")
+    source, out = Path(source), Path(out)
+    built = json.loads((source / "build_metrics.json").read_text())
+    if built.get("corpus") != "tatoeba" or built.get("split", {}).get("pretrain_lines") != 0:
+        raise ConfigError(f"--adapt: {source} holds agents built on {built.get('corpus', 'multi30k')} with "
+                          f"{built.get('split', {}).get('pretrain_lines')} Multi30k lines; expected a build on "
+                          "tatoeba alone (--pretrain-lines 0)")
+    config = AgentConfig(**built["config"])
+    t0 = time.perf_counter()
+    train = load_multi30k(data_dir, "train")
+    share = pretrain_part(train, pretrain_lines=adapt.lines)
+    val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
+    if limit is not None:
+        val, test = ({lang: lines[:limit] for lang, lines in split.items()} for split in (val, test))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(source / "fr-en")
+    speaker, listener = (AutoModelForSeq2SeqLM.from_pretrained(source / name).to(device) for name in AGENTS[:2])
+    lm = AutoModelForCausalLM.from_pretrained(source / "en-lm").to(device)
+    torch.manual_seed(config.seed)
+    losses = {}
+    for name, model, batches in (
+            ("fr-en", speaker, _translator_batches(speaker, tokenizer, share["fr"], share["en"], config)),
+            ("en-de", listener, _translator_batches(listener, tokenizer, share["en"], share["de"], config)),
+            ("en-lm", lm, _lm_batches(lm, tokenizer, share["en"], config))):
+        optimizer = _optimizer(model, adapt.lr)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        losses[name] = [_epoch(model, batches(epoch), optimizer, schedule) for epoch in range(adapt.epochs)]
+        log(f"build translation-agents: {name} adapted on {adapt.lines:,} Multi30k lines, {adapt.epochs} epochs: "
+            f"train loss {' → '.join(f'{x:.3f}' for x in losses[name])}")
+    pretrained = {"val": pretrained_scores(speaker, listener, tokenizer, val),
+                  "test": pretrained_scores(speaker, listener, tokenizer, test)}
+    seconds = time.perf_counter() - t0
+    metrics = {**built, "pretrained": pretrained, "split": {"seed": 0, "pretrain_lines": adapt.lines},
+               "adapted": {"from": str(source), **asdict(adapt), "train_loss": losses, "seconds": seconds,
+                           "pretrained_before": built["pretrained"]},
+               "build_seconds": built["build_seconds"] + seconds}
+    log("build translation-agents: PRETRAINED after adapting " + ", ".join(
+        f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}" for split, s in pretrained.items()))
+    _write_agents(out, (speaker, listener, lm), tokenizer, metrics)
     return metrics
 
 
 def build_translation_agents(data_dir: str | Path, out: str | Path | None = None, *, max_epochs: int | None = None,
                              pretrain_lines: int | None = None, label_smoothing: float | None = None,
                              corpus: str = "tatoeba", device: str = "auto", force: bool = False,
-                             resume: bool = False, log=print) -> tuple[Path, dict]:
+                             resume: bool = False, adapt: str | Path | None = None,
+                             log=print) -> tuple[Path, dict]:
     """``elastic-reset build translation-agents``: :func:`build_agents` with :class:`AgentConfig`'s defaults but for
     the settings given, into ``out`` (default: where the ``translation_game`` task looks); ``resume`` continues an
-    interrupted build. Returns (out, metrics)."""
+    interrupted build. With ``adapt``, a Tatoeba-only build's folder: :func:`adapt_agents` on ``pretrain_lines``
+    lines for ``max_epochs`` epochs (:class:`AdaptConfig`'s default: 3). Returns (out, metrics)."""
     from elastic_reset.models import translation_agents_path
 
     out = Path(out) if out else translation_agents_path(required=False)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: Translation Game agents are already there (pass --force to rebuild them)")
+    if adapt is not None:
+        if Path(adapt).resolve() == out.resolve():
+            raise ConfigError(f"--out: {out} is the folder being adapted; write the adapted agents elsewhere")
+        if not pretrain_lines:
+            raise ConfigError("--pretrain-lines: --adapt needs the Multi30k lines to adapt on (a number above 0)")
+        if resume or label_smoothing is not None or corpus != "tatoeba":
+            raise ConfigError("--adapt: takes --pretrain-lines, --max-epochs, --device, --out and --force only")
+        settings = AdaptConfig(pretrain_lines, **({} if max_epochs is None else {"epochs": max_epochs}))
+        return out, adapt_agents(data_dir, adapt, out, settings, log=log, device=device)
     config = AgentConfig(pretrain_lines=pretrain_lines, corpus=corpus)
     if max_epochs is not None:
         config = replace(config, max_epochs=max_epochs)
