@@ -5,7 +5,8 @@ captions) with French and German only. ``elastic-reset build translation-agents`
 the text that can be had offline (``--corpus tatoeba``, the default; issue 39): Tatoeba's fr-en and en-de pairs
 (``translation-pretrain/``: short everyday sentences, none in Multi30k), early-stopped on Tatoeba's dev pairs as the
 paper's on IWSLT's; the whole of Multi30k train is then the game's (``--pretrain-lines N`` adds a stated share of
-it to the pretraining). Of the paper's task gain, most (+7.0 of REINFORCE's +9.4 BLEU) is this domain adaptation,
+it to the pretraining; ``--adapt DIR --pretrain-lines N`` instead continues a Tatoeba-only build on that share,
+:func:`adapt_agents`). Of the paper's task gain, most (+7.0 of REINFORCE's +9.4 BLEU) is this domain adaptation,
 which FROZEN ENGLISH already reaches.
 
 ``--corpus multi30k`` is the earlier in-domain set-up: the 29,000 aligned Multi30k *train* lines cut in two disjoint
