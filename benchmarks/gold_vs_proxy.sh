@@ -101,6 +101,13 @@ if has grid; then
     for kv in "${SMALL_KL[@]}"; do sets+=(--method-set "$m:$kv"); done
     sets+=(--method-set "$m:method.ema_update=iteration" --method-set "$m:kl.reference=ema")
   done
+  # Across sessions (grid_cells.sh): the proxies must be the ones the first cells optimised (a cache rebuilt on
+  # another machine trains others), finished cells come back from $RESULTS, and each seed's are kept there.
+  source benchmarks/grid_cells.sh
+  for kind in rm am; do
+    same_build "$(proxy "$N_LARGE" $kind)/reward_model.json" "$RESULTS/proxy-$kind.json" metrics.test.log_loss
+  done
+  restore_cells "$RESULTS" "$GRID"
   for n in $(seq 1 "$SEEDS"); do
     for kind in rm am; do
       $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
@@ -108,6 +115,7 @@ if has grid; then
         "${sets[@]}" --method-set kl_small:kl.coef=0.01 --method-set er_sr:rehearsal.coef=0.01 \
         --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
     done
+    collect_cells "$GRID" "$RESULTS"
   done
 fi
 

@@ -36,45 +36,21 @@ SEEDS=${SEEDS:-5}
 # paper-text EMA's per-optimizer-step decay, which keeps its horizon at ~2 iterations (0.6 with one step an iteration).
 KL_SMALL_TARGET=${KL_SMALL_TARGET:-null}
 ER_PAPER_DECAY=${ER_PAPER_DECAY:-0.6}
-# A grid that spans sessions must keep its policy: a rebuilt one (the cache does not outlive a machine) has to be
-# the same model. POLICY_METRICS names the policy's pretrain_metrics.json; the first run of the grid records it in
-# $RESULTS/policy.json and every later one refuses a policy whose held-out perplexity differs (another CPU kind, or
-# another build, trains another model).
-if [ -n "${POLICY_METRICS:-}" ]; then
-  mkdir -p "$RESULTS"
-  .venv/bin/python - "$POLICY_METRICS" "$RESULTS/policy.json" <<'PY'
-import json, shutil, sys
-from pathlib import Path
-built, recorded = Path(sys.argv[1]), Path(sys.argv[2])
-if not recorded.exists():
-    shutil.copyfile(built, recorded)
-    sys.exit(0)
-now, then = (json.loads(p.read_text())["held_out_perplexity"] for p in (built, recorded))
-if abs(now - then) > 1e-6 * then:
-    sys.exit(f"{built}: held-out perplexity {now:.6f}, but this grid's policy had {then:.6f} ({recorded}): "
-             "another policy; rebuild it on the CPU kind that built the first (or start a new grid)")
-PY
-fi
+source benchmarks/grid_cells.sh
+# A grid that spans sessions must keep its policy: POLICY_METRICS names the policy's pretrain_metrics.json; the
+# first run of the grid records it in $RESULTS/policy.json and every later one refuses a policy whose held-out
+# perplexity differs (grid_cells.sh: same_build).
+if [ -n "${POLICY_METRICS:-}" ]; then same_build "$POLICY_METRICS" "$RESULTS/policy.json" held_out_perplexity; fi
 # What BENCHMARKS.md cites, and what a later session (a new machine, whose runs/ is empty) needs to skip the cells
-# already trained: each finished cell's config, metrics, label, task and done marker (not its checkpoints), and
-# the report (and machines.jsonl: where each cell trained). COLLECT=1 only does this (for a grid stopped part-way).
+# already trained: each finished cell's small files (grid_cells.sh: collect_cells) and the report. COLLECT=1 only
+# does this (for a grid stopped part-way).
 collect() {
   mkdir -p "$RESULTS"
   for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
-  for run in "$GRID"/*/seed*/; do
-    [ -f "$run/done" ] || continue
-    dest=$RESULTS/runs/${run#"$GRID"/}
-    mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$run"/task.json "$run"/done "$dest"
-    if [ -f "$run/machines.jsonl" ]; then cp "$run/machines.jsonl" "$dest"; fi  # runs since 2026-11-26
-  done
+  collect_cells "$GRID" "$RESULTS"
 }
 if [ -n "${COLLECT:-}" ]; then collect; exit 0; fi
-# Cells finished in an earlier session come back from $RESULTS, so that compare skips them.
-for run in "$RESULTS"/runs/*/seed*/; do
-  [ -f "$run/done" ] || continue
-  dest=$GRID/${run#"$RESULTS"/runs/}
-  [ -e "$dest/config.yaml" ] || { mkdir -p "$dest" && cp "$run"/* "$dest"; }
-done
+restore_cells "$RESULTS" "$GRID"  # cells finished in an earlier session: compare skips them
 SMALL_KL=(kl.coef=0.001 kl.target=1.0)
 sets=()
 for m in elastic_reset er_paper reset_to_init reset_to_ema; do

@@ -37,7 +37,13 @@ common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$
         --set algo.max_grad_norm=0.1 --set algo.entropy_coef=0 --set algo.lr="$LR")
 # AGENTS: another build's folder (`build translation-agents --out DIR`); default: the cache's.
 # The speaker (the policy) and the listener must come from the same build.
-if [ -n "${AGENTS:-}" ]; then common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en"); fi
+AGENTS=${AGENTS:-$HOME/.cache/elastic_reset/translation-game}
+common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en")
+# Across sessions (grid_cells.sh): the agents must be the build the first cells played with, finished cells come
+# back from $RESULTS, and each seed's cells are kept there as they finish.
+source benchmarks/grid_cells.sh
+same_build "$AGENTS/build_metrics.json" "$RESULTS/build_metrics.json" pretrained.val.task_bleu
+restore_cells "$RESULTS" "$GRID"
 for n in $(seq 1 "$SEEDS"); do
   .venv/bin/elastic-reset compare configs/translation.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
     --score task_bleu --drift drift_bleu \
@@ -51,14 +57,9 @@ for n in $(seq 1 "$SEEDS"); do
     --method-set reset_to_ema:kl.coef=0.001 \
     --method-set elastic_reset:kl.coef=0.001 \
     "${common[@]}"
+  collect_cells "$GRID" "$RESULTS"
 done
-# What BENCHMARKS.md cites: the report, the figures, each run's config and metrics (not the checkpoints), the
-# agents' build metrics (the PRETRAINED row) and the verdict.
-rm -rf "$RESULTS/runs" && mkdir -p "$RESULTS"
+# What BENCHMARKS.md cites besides the cells and the agents' build metrics (the PRETRAINED row): the report, the
+# figures and the verdict.
 cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png "$RESULTS/"
-for run in "$GRID"/*/seed*/; do
-  dest=$RESULTS/runs/${run#"$GRID"/}
-  mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$dest"
-done
-cp "${AGENTS:-$HOME/.cache/elastic_reset/translation-game}/build_metrics.json" "$RESULTS/"
 .venv/bin/python benchmarks/translation_verdict.py "$RESULTS"

@@ -1,0 +1,53 @@
+# Sourced by the grids that span sessions (imdb_grid.sh, gold_vs_proxy.sh, translation_grid.sh): what lets a grid
+# go on where an earlier session stopped, on this machine or a new one. runs/ need not outlive a session; the
+# finished cells' small files under results/ (committed) do.
+#   same_build BUILT.json RECORDED.json KEY  the first call records BUILT at RECORDED; a later one refuses a BUILT
+#                                            whose KEY (a dotted path to a number) differs: a derived artefact the
+#                                            cache lost and rebuilt (another CPU kind, another build) is another
+#                                            model, and a grid's cells must share theirs
+#   collect_cells GRID RESULTS               each finished cell's config, metrics, label, task, done marker and
+#                                            machines.jsonl (not its checkpoints) into RESULTS/runs/, same layout
+#   restore_cells RESULTS GRID               cells finished in an earlier session back into GRID, where compare
+#                                            finds them finished and skips them
+
+same_build() {
+  mkdir -p "$(dirname "$2")"
+  .venv/bin/python - "$1" "$2" "$3" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+built, recorded, key = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if not recorded.exists():
+    shutil.copyfile(built, recorded)
+    sys.exit(0)
+def value(path):
+    x = json.loads(path.read_text())
+    for part in key.split("."):
+        x = x[part]
+    return float(x)
+now, then = value(built), value(recorded)
+if abs(now - then) > 1e-6 * abs(then):
+    sys.exit(f"{built}: {key} {now:.6f}, but this grid's build had {then:.6f} ({recorded}): another build; "
+             "rebuild it on the CPU kind that built the first (or start a new grid)")
+PY
+}
+
+collect_cells() {
+  local grid=$1 results=$2 done_file run dest f
+  while IFS= read -r done_file; do
+    run=$(dirname "$done_file")
+    dest=$results/runs/${run#"$grid"/}
+    mkdir -p "$dest"
+    for f in config.yaml metrics.jsonl label task.json done machines.jsonl; do
+      if [ -f "$run/$f" ]; then cp "$run/$f" "$dest/"; fi  # machines.jsonl: runs since 2026-11-26
+    done
+  done < <(find "$grid" -path '*/seed*/done' -type f 2>/dev/null | sort)
+}
+
+restore_cells() {
+  local results=$1 grid=$2 done_file run dest
+  while IFS= read -r done_file; do
+    run=$(dirname "$done_file")
+    dest=$grid/${run#"$results"/runs/}
+    [ -e "$dest/config.yaml" ] || { mkdir -p "$dest" && cp "$run"/* "$dest/"; }
+  done < <(find "$results/runs" -path '*/seed*/done' -type f 2>/dev/null | sort)
+}
