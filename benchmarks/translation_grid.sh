@@ -2,7 +2,9 @@
 # The Translation Game's grid (issue 39, part 3; paper §4, Table 1, Appendix A): 7 methods x SEEDS seeds on the
 # agents `elastic-reset build translation-agents` wrote (out of domain, as the paper's). Resumable: run it again
 # after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
-#   STEPS=2000 EVERY=100 bash benchmarks/translation_grid.sh      # then: benchmarks/translation_verdict.py
+#   AGENTS=~/.cache/elastic_reset/translation-game-adapt8000 STEPS=1000 JOBS=2 THREADS=1 \
+#     bash benchmarks/translation_grid.sh       # the CPU budget of the learning check (~25 min an RLOO run alone)
+# JOBS=2 THREADS=1: two cells side by side at one torch thread each, ~10-15 % more updates an hour on 2 cores.
 # STEPS: updates per run (the paper's 50k on a GPU; on a CPU a reduced budget, stated with the results). Run the
 # learning check (benchmarks/translation_check.sh) at the same budget first: with no task gain over FROZEN ENGLISH
 # there, the grid tests nothing.
@@ -35,6 +37,7 @@ common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$
         --set algo.name=rloo --set algo.prompts_per_step=16 --set algo.samples_per_prompt=4
         --set algo.minibatch_size=32 --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9
         --set algo.max_grad_norm=0.1 --set algo.entropy_coef=0 --set algo.lr="$LR")
+if [ -n "${THREADS:-}" ]; then common+=(--set "threads=$THREADS"); fi
 # AGENTS: another build's folder (`build translation-agents --out DIR`); default: the cache's.
 # The speaker (the policy) and the listener must come from the same build.
 AGENTS=${AGENTS:-$HOME/.cache/elastic_reset/translation-game}
