@@ -341,6 +341,20 @@ def pretrained_scores(speaker, listener, tokenizer, split: dict[str, list[str]])
             "en_de_bleu": bleu(greedy_translate(listener, tokenizer, split["en"]), split["de"])}
 
 
+def _held_out_splits(data_dir: str | Path, limit: int | None = None) -> dict[str, dict[str, list[str]]]:
+    """Multi30k val and test, where the PRETRAINED row is scored (``limit``: their first lines, for tests)."""
+    return {split: {lang: lines[:limit] for lang, lines in load_multi30k(data_dir, split).items()}
+            for split in ("val", "test")}
+
+
+def _pretrained_rows(speaker, listener, tokenizer, splits: dict, log, what: str = "") -> dict[str, dict[str, float]]:
+    """:func:`pretrained_scores` on each of ``splits``, logged."""
+    rows = {name: pretrained_scores(speaker, listener, tokenizer, split) for name, split in splits.items()}
+    log(f"build translation-agents: PRETRAINED{what} " + ", ".join(
+        f"{name} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}" for name, s in rows.items()))
+    return rows
+
+
 def _write_agents(out: Path, models, tokenizer, metrics: dict) -> None:
     """The three agents (as :data:`AGENTS`), each with the shared tokenizer, and ``build_metrics.json``: one folder,
     swapped in whole."""
@@ -361,15 +375,13 @@ def _checkpoints_folder(out: Path, settings: dict, resume: bool) -> Path:
     if work.exists() and not resume:
         raise FileExistsError(f"{work}: an unfinished build is there; continue it with --resume (or delete it)")
     if record.exists():
-        then = json.loads(record.read_text())
-        now = json.loads(json.dumps(settings))  # as JSON reads it back (tuples become lists)
-        for key, value in now["config"].items():
-            started = then.get("config", {}).get(key)
-            if started != value:
-                raise ConfigError(f"{key}: the unfinished build in {work} was started with {started!r}, not "
+        # Every setting, as JSON reads it back (tuples become lists), the limit among them.
+        then, now = ({**x.get("config", {}), "limit": x.get("limit")}
+                     for x in (json.loads(record.read_text()), json.loads(json.dumps(settings))))
+        for key, value in now.items():
+            if then.get(key) != value:
+                raise ConfigError(f"{key}: the unfinished build in {work} was started with {then.get(key)!r}, not "
                                   f"{value!r}; resume it with its own settings, or delete it")
-        if then.get("limit") != now["limit"]:
-            raise ConfigError(f"limit: the unfinished build in {work} was started with {then.get('limit')!r}")
     else:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(record, json.dumps(settings, indent=2) + "\n")
@@ -403,12 +415,10 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     multi30k_lines = config.multi30k_lines(len(train["fr"]))
     text = pretraining_text(data_dir, config.corpus, train, multi30k_lines)
     text["dev"] = pretraining_dev(data_dir, config.corpus)
-    val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
+    held_out = _held_out_splits(data_dir, limit)
     if limit is not None:
         cut = lambda x: tuple(side[:limit] for side in x) if isinstance(x, tuple) else x[:limit]  # noqa: E731
         text = {k: ({d: cut(v) for d, v in x.items()} if k == "dev" else cut(x)) for k, x in text.items()}
-        val = {lang: lines[:limit] for lang, lines in val.items()}
-        test = {lang: lines[:limit] for lang, lines in test.items()}
     (fr, en), (en2, de) = text["fr-en"], text["en-de"]
     tokenizer = _shared_tokenizer(work / "tokenizer", fr + en + en2 + de, config.vocab_size)
     log(f"build translation-agents: joint vocabulary of {len(tokenizer)} tokens on {config.corpus} "
@@ -423,8 +433,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
     lm, lm_info = pretrain_english_lm(text["en"], dev["en"], tokenizer, config, log, device,
                                       checkpoint=work / "en-lm.pt")
     t_scoring = time.perf_counter()
-    pretrained = {"val": pretrained_scores(speaker, listener, tokenizer, val),
-                  "test": pretrained_scores(speaker, listener, tokenizer, test)}
+    pretrained = _pretrained_rows(speaker, listener, tokenizer, held_out, log)
     agents = {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info}
     metrics = {
         "agents": agents, "pretrained": pretrained,
@@ -435,10 +444,6 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         + time.perf_counter() - t_scoring,
         "config": asdict(config), "torch_threads": torch.get_num_threads(), "device": str(device),
     }
-    log("build translation-agents: PRETRAINED " + ", ".join(
-        f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}"
-        for split, s in metrics["pretrained"].items()))
-
     _write_agents(out, (speaker, listener, lm), tokenizer, metrics)
     shutil.rmtree(work)
     return metrics
@@ -477,9 +482,7 @@ def adapt_agents(data_dir: str | Path, source: str | Path, out: str | Path, adap
     t0 = time.perf_counter()
     train = load_multi30k(data_dir, "train")
     share = pretrain_part(train, pretrain_lines=adapt.lines)
-    val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
-    if limit is not None:
-        val, test = ({lang: lines[:limit] for lang, lines in split.items()} for split in (val, test))
+    held_out = _held_out_splits(data_dir, limit)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(source / "fr-en")
     speaker, listener = (AutoModelForSeq2SeqLM.from_pretrained(source / name).to(device) for name in AGENTS[:2])
     lm = AutoModelForCausalLM.from_pretrained(source / "en-lm").to(device)
@@ -494,15 +497,12 @@ def adapt_agents(data_dir: str | Path, source: str | Path, out: str | Path, adap
         losses[name] = [_epoch(model, batches(epoch), optimizer, schedule) for epoch in range(adapt.epochs)]
         log(f"build translation-agents: {name} adapted on {adapt.lines:,} Multi30k lines, {adapt.epochs} epochs: "
             f"train loss {' → '.join(f'{x:.3f}' for x in losses[name])}")
-    pretrained = {"val": pretrained_scores(speaker, listener, tokenizer, val),
-                  "test": pretrained_scores(speaker, listener, tokenizer, test)}
+    pretrained = _pretrained_rows(speaker, listener, tokenizer, held_out, log, " after adapting")
     seconds = time.perf_counter() - t0
     metrics = {**built, "pretrained": pretrained, "split": {"seed": 0, "pretrain_lines": adapt.lines},
                "adapted": {"from": str(source), **asdict(adapt), "train_loss": losses, "seconds": seconds,
                            "pretrained_before": built["pretrained"]},
                "build_seconds": built["build_seconds"] + seconds}
-    log("build translation-agents: PRETRAINED after adapting " + ", ".join(
-        f"{split} task {s['task_bleu']:.1f} / drift {s['drift_bleu']:.1f}" for split, s in pretrained.items()))
     _write_agents(out, (speaker, listener, lm), tokenizer, metrics)
     return metrics
 
