@@ -40,7 +40,7 @@ common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$
 if [ -n "${THREADS:-}" ]; then common+=(--set "threads=$THREADS"); fi
 # AGENTS: another build's folder (`build translation-agents --out DIR`); default: the cache's.
 # The speaker (the policy) and the listener must come from the same build.
-AGENTS=${AGENTS:-$HOME/.cache/elastic_reset/translation-game}
+AGENTS=${AGENTS:-$(.venv/bin/python -c "from elastic_reset.models import translation_agents_path as p; print(p())")}
 common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en")
 # Across sessions (grid_cells.sh): the agents must be the build the first cells played with, finished cells come
 # back from $RESULTS, and each seed's cells are kept there as they finish.
