@@ -1,6 +1,7 @@
 """An IMDB grid's finished cells as BENCHMARKS.md's progress table: a row per method, a column per seed.
 
     .venv/bin/python benchmarks/imdb_cells.py results/imdb_135m [--methods kl,elastic_reset]
+    .venv/bin/python benchmarks/imdb_cells.py runs/imdb_135m       # the grid itself, before collecting
 
 Reads each finished cell (``RESULTS/runs/METHOD/seedN``, as ``grid_cells.sh`` collects them) and prints its
 final evaluation (reward, perplexity on held-out text, KL to the initial model) and its test reward where it has
@@ -50,9 +51,10 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--methods", help="comma-separated rows (default: every method folder, the grid's order)")
     args = parser.parse_args()
-    runs = args.results / "runs"
+    # A results folder keeps its cells under runs/; a grid folder (runs/imdb_135m) holds them itself.
+    runs = args.results / "runs" if (args.results / "runs").is_dir() else args.results
     if not runs.is_dir():
-        raise SystemExit(f"{runs}: no such folder (collect the grid's cells first)")
+        raise SystemExit(f"{runs}: no such folder")
     folders = [m for m in ORDER if (runs / m).is_dir()]
     folders += sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name not in ORDER)
     methods = args.methods.split(",") if args.methods else folders
