@@ -44,9 +44,15 @@ if [ -n "${POLICY_METRICS:-}" ]; then same_build "$POLICY_METRICS" "$RESULTS/pol
 # What BENCHMARKS.md cites, and what a later session (a new machine, whose runs/ is empty) needs to skip the cells
 # already trained: each finished cell's small files (grid_cells.sh: collect_cells) and the report. COLLECT=1 only
 # does this (for a grid stopped part-way).
+# A compare that only skipped finished cells (a restarted grid passing its done seeds) writes a report whose runs
+# are all "skipped": the one in $RESULTS, which records how each cell was trained, is kept.
 collect() {
   mkdir -p "$RESULTS"
-  for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
+  if [ -f "$GRID/summary.json" ] && { [ ! -f "$RESULTS/summary.json" ] || .venv/bin/python -c \
+      'import json, sys; sys.exit(all(r["action"] == "skipped" for r in json.load(open(sys.argv[1]))["runs"]))' \
+      "$GRID/summary.json"; }; then
+    for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
+  fi
   collect_cells "$GRID" "$RESULTS"
 }
 if [ -n "${COLLECT:-}" ]; then collect; exit 0; fi
