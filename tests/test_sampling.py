@@ -93,7 +93,7 @@ def run(model, ids, mask, seed=0, **config):
     kw.setdefault("eos_token_id", EOS)
     config.setdefault("merge_lora", False)  # the unmerged sampler unless a test asks (the class default is True)
     return sample(model, ids, mask, SamplingConfig(**config), pad_token_id=PAD,
-                  generator=torch.Generator().manual_seed(seed), **kw)
+                  generator=torch.Generator(ids.device).manual_seed(seed), **kw)
 
 
 def check_response_layout(r: Rollout) -> None:
