@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What a GPU lease runs for issue 40, prepared so that its minutes go on the checks, not on set-up. A device call
-# runs at most 10 minutes and a lease has 15, so the stages split over two calls made back to back (a machine
-# stays warm ~30 s between calls):
-#   STAGES="tests decode" bash benchmarks/gpu_session.sh     # ~5 min
-#   STAGES="trl jobs" bash benchmarks/gpu_session.sh         # ~6 min
+# runs at most 10 minutes and a lease has 15 (a machine starts in ~30 s and stays warm ~30 s between calls). On an
+# H100 (session 32) tests took ~30 s, decode over 80 s, trl ~60 s a row pair, jobs 70-100 s an N at 60 iterations;
+# with the time limits below, one call holds four stages (310 s):
+#   STAGES="tests decode trl jobs" T_TESTS=150 T_DECODE=80 T_TRL=95 T_JOBS=70 bash benchmarks/gpu_session.sh
 # Each call carries .whl (git-ignored through .git/info/exclude), made here once:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -36,6 +36,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session}
 STAGES=${STAGES:-tests decode trl jobs}
+# seconds each stage may take (lower ones fit several stages in one call)
+T_TESTS=${T_TESTS:-200} T_DECODE=${T_DECODE:-120} T_TRL=${T_TRL:-150} T_JOBS=${T_JOBS:-120}
+JOBS_STEPS=${JOBS_STEPS:-10} JOBS_N=${JOBS_N:-1 4}  # the jobs stage: iterations per cell, the --jobs values
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -49,10 +52,10 @@ transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__v
 } 2>&1 | tee -a "$OUT/machine.txt"
 
 if has tests; then
-  timeout 200 python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda_tests.log"
+  timeout "$T_TESTS" python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda_tests.log"
 fi
 if has decode; then
-  timeout 120 python3 benchmarks/decode_gpu.py 2>&1 | tee "$OUT/decode_gpu.log"
+  timeout "$T_DECODE" python3 benchmarks/decode_gpu.py 2>&1 | tee "$OUT/decode_gpu.log"
 fi
 if has trl; then
   export ELASTIC_RESET_CACHE=/tmp/er_cache
@@ -66,7 +69,7 @@ folder = sys.argv[1]
 LlamaForCausalLM(AutoConfig.from_pretrained(folder)).save_pretrained(folder)  # random weights, SmolLM2's shape
 PY
   for graphs in "" "--cuda-graphs"; do
-    timeout 150 python3 benchmarks/bench_engine_vs_trl.py --device cuda --rows trl-bf16,ours-rloo-bf16 --steps 5 \
+    timeout "$T_TRL" python3 benchmarks/bench_engine_vs_trl.py --device cuda --rows trl-bf16,ours-rloo-bf16 --steps 5 \
       $graphs --out "$OUT/engine_vs_trl${graphs:+_graphs}.json" 2>&1 | tail -8 | tee -a "$OUT/engine_vs_trl.log"
   done
 fi
@@ -86,13 +89,13 @@ if has ttr; then
 fi
 if has jobs; then
   sets=(--set model.device=cuda --set sampling.cuda_graphs=true --set model.tiny_hidden=512 --set model.tiny_layers=4
-        --set steps=10 --set eval.every=10 --set checkpoint_every=0 --set threads=2)
-  for n in 1 4; do
+        --set steps="$JOBS_STEPS" --set eval.every="$JOBS_STEPS" --set checkpoint_every=0 --set threads=2)
+  for n in $JOBS_N; do
     start=$(date +%s.%N)
-    timeout 120 python3 -m elastic_reset.cli compare configs/tiny.yaml --out "/tmp/jobs$n" \
+    timeout "$T_JOBS" python3 -m elastic_reset.cli compare configs/tiny.yaml --out "/tmp/jobs$n" \
       --methods kl,elastic_reset,none,reset_to_init --seeds 2 --jobs "$n" "${sets[@]}" > "$OUT/jobs$n.log" 2>&1
     code=$?
-    echo "jobs $n: exit $code, $(python3 -c "import time; print(round(time.time() - $start, 1))") s for 8 cells" \
+    echo "jobs $n: exit $code, $(python3 -c "import time; print(round(time.time() - $start, 1))") s for 8 cells of $JOBS_STEPS iterations" \
       | tee -a "$OUT/jobs.txt"
   done
   grep -h "peaks at" "$OUT"/jobs*.log | head -1 | tee -a "$OUT/jobs.txt"
