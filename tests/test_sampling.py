@@ -794,6 +794,49 @@ def test_static_steps_are_made_anew_when_the_parameters_or_adapters_change_not_w
     assert static_decoding._STATES[model][0] != held[0]
 
 
+@pytest.mark.parametrize("device, autocast_dtype", [
+    ("cpu", None), ("cpu", torch.bfloat16),
+    pytest.param("cuda", None, marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                            reason="needs a CUDA device")])])
+def test_static_steps_multiply_by_kept_merged_lora_weights_refreshed_in_place(device, autocast_dtype):
+    from elastic_reset.lm import static_decoding
+
+    peft = pytest.importorskip("peft")
+    model = add_lora(make_model("llama", eos_bias=2.0), peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                                        target_modules=["q_proj", "v_proj"]))
+    model.eval().to(device)
+    ids, mask = (t.to(device) for t in left_padded([3, 7, 5]))
+    settings = dict(max_new_tokens=10, min_new_tokens=1, autocast_dtype=autocast_dtype, merge_lora=True)
+    lora = model.base_model.model.model.layers[0].self_attn.q_proj
+    head = model.base_model.model.lm_head.weight
+    adapter_calls = []
+    lora.lora_A["default"].register_forward_hook(lambda *_: adapter_calls.append(1))
+    atol = 0.05 if autocast_dtype is not None else 1e-5 if device == "cpu" else 1e-4
+
+    def check():  # the dynamic sampler merges on a CPU as well (packed_linears); on a GPU it runs the adapters
+        static = run(model, ids, mask, cuda_graphs=True, **settings)
+        dynamic = run(model, ids, mask, **settings)
+        assert torch.equal(static.response_ids, dynamic.response_ids)
+        torch.testing.assert_close(static.logprobs, dynamic.logprobs, atol=atol, rtol=0)
+
+    check()
+    assert not adapter_calls  # one matmul by W + s·BA per layer, no adapter branch
+    kept = dict(static_decoding._WEIGHTS[lora])
+    held = static_decoding._STATES[model]
+    assert "forward" not in vars(lora) and model.base_model.model.lm_head.weight is head  # the model put back
+    if autocast_dtype is not None:
+        assert static_decoding._WEIGHTS[model.base_model.model.lm_head]["weight"].dtype == autocast_dtype
+    with torch.no_grad():  # an optimizer step on the adapters, in place
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    check()  # the kept merged weights hold the new adapters...
+    assert all(static_decoding._WEIGHTS[lora][name] is tensor for name, tensor in kept.items())
+    assert static_decoding._STATES[model] is held  # ...in the same tensors: a captured graph stays valid
+    run(model, ids, mask, cuda_graphs=True, **{**settings, "merge_lora": False})
+    assert adapter_calls and static_decoding._STATES[model][0] != held[0]  # unmerged: other steps, not these
+
+
 def test_static_steps_refuse_a_model_transformers_does_not_run_over_a_static_cache():
     from transformers import MambaConfig, MambaForCausalLM
 

@@ -16,6 +16,8 @@ import weakref
 
 import torch
 
+from elastic_reset.lm.lora import mergeable_lora, merged_lora_weight
+
 __all__ = ["FP32_ATTENTION", "linear_types", "packed_linears", "precast_weights", "release_packed_linears",
            "use_fp32_attention"]
 
@@ -88,7 +90,7 @@ def packed_linears(model, dtype: torch.dtype | None, batch_hint: int = 16, *, me
         for module in model.modules():
             if module in inside_merged:
                 continue
-            if merge_lora and _mergeable_lora(module):
+            if merge_lora and mergeable_lora(module):
                 packed, packed_bias = _pack_merged_lora(module, dtype, batch_hint)
                 inside_merged.update(module.modules())
             elif type(module) is torch.nn.Linear:  # exactly nn.Linear: peft's LoRA wrappers keep theirs inside
@@ -116,31 +118,11 @@ def _packed_forward(packed: torch.Tensor, packed_bias: torch.Tensor | None, dtyp
     return forward
 
 
-def _mergeable_lora(module) -> bool:
-    """A peft LoRA linear layer in its plain form: adapters on, unmerged, no variant (DoRA...), no dropout in use."""
-    try:
-        from peft.tuners.lora import Linear as LoraLinear
-    except ImportError:  # pragma: no cover - peft is optional
-        return False
-    if not isinstance(module, LoraLinear) or module.disable_adapters or module.merged:
-        return False
-    active = [a for a in module.active_adapters if a in module.lora_A]
-    dropout_off = lambda d: isinstance(d, torch.nn.Identity) or not d.training or d.p == 0  # noqa: E731
-    return (type(module.base_layer) is torch.nn.Linear and bool(active)
-            and not any(a in module.lora_variant for a in active)
-            and all(dropout_off(module.lora_dropout[a]) for a in active))
-
-
 def _pack_merged_lora(module, dtype: torch.dtype, batch_hint: int):
     base = module.base_layer
     with torch.no_grad():
-        # W + s·BA from the fp32 W even where the trainer keeps a bf16 copy of it (precast_weights): rounding W to
-        # bf16 before adding the update, and again after, gave other samples than the run without the copy.
-        weight = getattr(base.weight, "precast_from", base.weight).detach().float()
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                weight = weight + module.get_delta_weight(adapter).float()
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous(), batch_hint)
+        packed = torch.ops.mkldnn._reorder_linear_weight(merged_lora_weight(module).to(dtype).contiguous(),
+                                                         batch_hint)
         packed_bias = None if base.bias is None else base.bias.detach().to(dtype)
     return packed, packed_bias
 

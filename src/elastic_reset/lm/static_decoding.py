@@ -14,6 +14,11 @@ launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda
   parameters are the same tensors: an optimizer updates them in place, so a replay reads the current weights
   (autocast's casts are inside the graph). Anything that replaces a parameter tensor, turns a LoRA adapter on or
   off, or switches train/eval mode changes :func:`fingerprint`, and the model's graphs are captured anew.
+- **What a step reads.** Within :func:`static_weights` (the sampler enters it around its static steps) each linear
+  layer multiplies by a copy of its weight in the autocast dtype, and, with ``merge_lora``, each plain LoRA layer by
+  its merged weight W + s·BA, as the CPU sampler does: no weight casts and no adapter branches among a step's
+  kernels. The copies are made on the first rollout and overwritten in place at the start of every later one, so an
+  update reaches the graphs without capturing them again.
 - **Eager parts.** The prefill (for an encoder-decoder model: the encoder and the first decoder step, which fills
   the cross-attention cache) runs eagerly, and so does every step off CUDA: that is how the CPU tests compare the
   static path with the dynamic one (:mod:`elastic_reset.rl.sampling`).
@@ -27,24 +32,85 @@ import weakref
 import torch
 
 from elastic_reset.errors import ConfigError
+from elastic_reset.lm.cpu_bf16 import linear_types
+from elastic_reset.lm.lora import mergeable_lora, merged_lora_weight
 from elastic_reset.lm.scoring import (accepts_logits_to_keep, decoder_start_id, device_of, position_ids_from_mask,
                                      unwrap_model)
 
-__all__ = ["PROMPT_BUCKET", "StaticDecoderStepper", "StaticSeq2SeqStepper", "fingerprint"]
+__all__ = ["PROMPT_BUCKET", "StaticDecoderStepper", "StaticSeq2SeqStepper", "fingerprint", "static_weights"]
 
 PROMPT_BUCKET = 32
 """Prompt lengths are rounded up to a multiple of this: one captured graph per bucket, not per prompt length."""
 
 # model -> (fingerprint, {shape key: _StepState}); dropped with the model.
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# module -> {name: the copy its static steps read (static_weights)}; dropped with the module.
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def fingerprint(model) -> tuple:
     """What a captured step depends on besides its buffers: the parameter tensors (by address), train/eval mode
-    and, with peft, which adapters are on."""
-    adapters = tuple((bool(getattr(m, "disable_adapters", False)), tuple(getattr(m, "active_adapters", ())))
-                     for m in model.modules() if hasattr(m, "lora_A"))
+    and, with peft, which adapters are on and which layers multiply by a merged weight (:func:`static_weights`)."""
+    adapters = tuple((bool(getattr(m, "disable_adapters", False)), tuple(getattr(m, "active_adapters", ())),
+                      "forward" in m.__dict__) for m in model.modules() if hasattr(m, "lora_A"))
     return (model.training, tuple(p.data_ptr() for p in model.parameters()), adapters)
+
+
+@contextlib.contextmanager
+def static_weights(model, dtype: torch.dtype | None, *, merge_lora: bool):
+    """Within the block (no grad), the model's linear layers (``nn.Linear``, transformers' ``Conv1D``) compute with
+    ``dtype`` copies of their weights and biases (None: the parameters' own dtype), and with ``merge_lora`` every
+    :func:`~elastic_reset.lm.lora.mergeable_lora` layer with its merged weight W + s·BA; the model is put back on
+    exit, even after an error. Unlike ``precast_weights`` the copies are kept with each module and refreshed in
+    place on every entry: the same tensors every rollout, which a captured graph needs, holding the current values.
+    Under autocast to ``dtype`` a linear layer computes the same either way (its inputs are cast to ``dtype``)."""
+    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    merged: list[torch.nn.Module] = []
+    try:
+        with torch.inference_mode(False), torch.no_grad():  # kept copies must be writable outside inference mode
+            inside_merged: set[torch.nn.Module] = set()
+            for module in model.modules():
+                if module in inside_merged:
+                    continue
+                if merge_lora and mergeable_lora(module):
+                    bias = module.base_layer.bias
+                    module.forward = _linear_forward(_kept(module, "merged", merged_lora_weight(module), dtype),
+                                                     None if bias is None else _kept(module, "bias", bias, dtype))
+                    merged.append(module)
+                    inside_merged.update(module.modules())
+                elif dtype is not None and isinstance(module, linear_types()):
+                    for name in ("weight", "bias"):
+                        param = module._parameters.get(name)
+                        if param is None or not param.is_floating_point() or param.dtype == dtype:
+                            continue  # already dtype (e.g. the trainer's run-long copy of a frozen weight)
+                        module._parameters[name] = _kept(module, name, param, dtype)
+                        swapped.append((module, name, param))
+        yield model
+    finally:
+        for module in merged:
+            del module.forward
+        for module, name, param in reversed(swapped):
+            module._parameters[name] = param
+
+
+def _kept(module, name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.nn.Parameter:
+    """The module's kept copy ``name`` of ``value`` in ``dtype``, overwritten in place; made anew when missing or of
+    another shape, dtype or device."""
+    dtype = dtype or value.dtype
+    held = _WEIGHTS.setdefault(module, {})
+    kept = held.get(name)
+    if kept is None or kept.shape != value.shape or kept.dtype != dtype or kept.device != value.device:
+        kept = held[name] = torch.nn.Parameter(value.detach().to(dtype, copy=True), requires_grad=False)
+    else:
+        kept.copy_(value)
+    return kept
+
+
+def _linear_forward(weight: torch.Tensor, bias: torch.Tensor | None):
+    def forward(x, *args, **kwargs):  # shadows the LoRA layer's own; hooks still run
+        return torch.nn.functional.linear(x, weight, bias)
+
+    return forward
 
 
 def _autocast(model, dtype: torch.dtype | None):

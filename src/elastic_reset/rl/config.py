@@ -120,16 +120,20 @@ class SamplingConfig(Section):
     """A response that emitted EOS is finished: later positions hold the pad token with mask 0. False: EOS is an
     ordinary token and every response is ``max_new_tokens`` long."""
     merge_lora: bool = True
-    """bf16 on a CPU only: the sampler multiplies by each LoRA layer's merged weight W + s·BA, rounded to bf16 and
-    packed once per rollout, instead of running the adapters beside the base (TRL's vLLM generation likewise merges
-    the adapters first): faster rollouts (see BENCHMARKS.md); the samples differ from the unmerged forward's at bf16
-    rounding level. The update's log-probs are recomputed teacher-forced, unmerged, either way. False: unmerged."""
+    """On a CPU, and on any device with ``cuda_graphs``: the sampler multiplies by each LoRA layer's merged weight
+    W + s·BA, in the autocast dtype, made once per rollout (on a CPU packed for oneDNN; with ``cuda_graphs`` written
+    into copies kept for the captured graphs), instead of running the adapters beside the base (TRL's vLLM
+    generation likewise merges the adapters first): faster rollouts (see BENCHMARKS.md); the samples differ from the
+    unmerged forward's at rounding level. The update's log-probs are recomputed teacher-forced, unmerged, either way.
+    False, or eager decoding on a GPU: unmerged."""
     cuda_graphs: bool = False
     """On a CUDA device, each decoding step runs over a static KV cache and is replayed as a captured CUDA graph
     (:mod:`elastic_reset.lm.static_decoding`): one launch per token instead of hundreds, for a small model whose step
     is bound by launches. Prompts are padded to a multiple of 32 tokens and the cache holds that plus
     ``max_new_tokens``; the log-probs agree with the default path's to rounding (the attention runs over the whole
-    cache, masked). Off a GPU the same static steps run eagerly, without a graph (how the tests check them here)."""
+    cache, masked). The steps read copies of the linear weights in the autocast dtype (LoRA merged, see
+    ``merge_lora``), kept across rollouts and refreshed in place: one more such copy of the model in memory. Off a
+    GPU the same static steps run eagerly, without a graph (how the tests check them here)."""
 
     def __post_init__(self) -> None:
         # Checked here, not in the field types, so that the sampler's direct users get the same errors as a run's

@@ -32,7 +32,7 @@ import torch
 
 from elastic_reset.lm.cpu_bf16 import packed_linears, precast_weights
 from elastic_reset.lm.rollout import Rollout
-from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper
+from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper, static_weights
 from elastic_reset.lm.scoring import (
     NEG_INF,
     accepts_logits_to_keep,
@@ -243,11 +243,13 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
     with contextlib.ExitStack() as stack:
         # Cast the linear weights once for the whole loop (autocast would recast them at every token); on a CPU,
         # pack them for oneDNN too. precast_weights then only sees what packing left (e.g. GPT-2's Conv1D).
-        # Static steps replay graphs that read the parameters themselves (autocast casts inside the graph): no packed
-        # or precast copy is swapped in.
+        # Static steps replay graphs, which need the same tensors every rollout: copies kept and refreshed in place.
         static = config.cuda_graphs
-        models = () if static else (model,) if mask_model is None or mask_model is model else (model, mask_model)
+        models = (model,) if mask_model is None or mask_model is model else (model, mask_model)
         for m in models:
+            if static:
+                stack.enter_context(static_weights(m, autocast_dtype, merge_lora=config.merge_lora))
+                continue
             packed = stack.enter_context(packed_linears(m, autocast_dtype, batch_hint=batch,
                                                         merge_lora=config.merge_lora))
             stack.enter_context(precast_weights(m, autocast_dtype, trainable=True, skip=packed))
