@@ -1,13 +1,19 @@
-"""Per-token decoding cost on a GPU: Hugging Face ``generate`` (what TRL's GRPOTrainer samples with) against this
-engine's ``sample()`` and a bare forward loop, on a randomly initialised model of SmolLM2-135M's shape with LoRA on
-q/v (the timings do not depend on the weights' values, so no model file has to travel to the GPU machine).
-Batch 16, prompts of 16 tokens, 32 new tokens; median of 3 calls after one warm-up; then ``sample()`` with
-``cuda_graphs`` (issue 40: static KV cache, each step a replayed CUDA graph) at batch 16 and 64 against the
-memory-bandwidth limit (one read of the weights per step); then a torch.profiler table of one ``sample()`` call,
-which separates the GPU's own time from the host's.
+"""Per-token decoding cost on a GPU, on a randomly initialised model of SmolLM2-135M's shape with LoRA on q/v (the
+timings do not depend on the weights' values, so no model file has to travel to the GPU machine). Prompts of 16
+tokens, 32 new tokens, median of 3 calls after one warm-up. Three parts, in this order (a time limit that cuts the
+run keeps the first ones):
 
-    python benchmarks/decode_gpu.py        # needs CUDA; see BENCHMARKS.md, "On a GPU and on several processes"
+- ``graphs``: this engine's ``sample()`` with and without ``cuda_graphs`` (issue 40), bf16 autocast and fp32, batch
+  16 and 64, against the memory-bandwidth limit (one read of the weights per step). Besides the whole call per
+  token (the prefill included), the marginal cost of a step: (time for 64 tokens - time for 32) / 32.
+- ``profile``: torch.profiler over one ``sample()`` call through graphs (batch 16, bf16): the GPU's own time per
+  token step against the step's wall time, and the kernels that take it.
+- ``hf``: Hugging Face ``generate`` (what TRL's GRPOTrainer samples with), this engine eager, and a bare forward loop.
+
+    python benchmarks/decode_gpu.py                     # needs CUDA; BENCHMARKS.md, issue 40
+    python benchmarks/decode_gpu.py --device cpu --layers 2 --parts graphs   # a smoke run of the script
 """
+import argparse
 import time
 
 import torch
@@ -19,48 +25,104 @@ from elastic_reset.lm.lora import add_lora
 from elastic_reset.rl.config import SamplingConfig
 from elastic_reset.rl.sampling import sample
 
+TQ, N = 16, 32  # prompt length, new tokens
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM
 
-def main() -> None:
+
+def build(device: str, layers: int):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rope_theta=100000.0,
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    model = LlamaForCausalLM(cfg).cuda()
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
-    model = add_lora(model, lora)
-    model.eval()
-    B, TQ, N = 16, 16, 32
-    ids = torch.randint(3, 49152, (B, TQ), device="cuda")
-    mask = torch.ones_like(ids)
-    mask[:4, :3] = 0  # some left padding, as in real batches
+    model = add_lora(LlamaForCausalLM(cfg).to(device), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                                  target_modules=["q_proj", "v_proj"]))
+    return model.eval()
 
-    def timed(fn, reps=3):
-        fn()
+
+def batch_of(size: int, device: str):
+    ids = torch.randint(3, 49152, (size, TQ), device=device)
+    mask = torch.ones_like(ids)
+    mask[: size // 4, :3] = 0  # some left padding, as in real batches
+    return ids, mask
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t)
-        return sorted(ts)[len(ts) // 2] / N * 1e3
+
+
+def seconds(fn, device: str, reps: int = 3) -> float:
+    fn()
+    sync(device)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2]
+
+
+def ours(model, ids, mask, dtype, tokens: int = N, **kw):
+    g = torch.Generator(ids.device).manual_seed(0)
+    sample(model, ids, mask, SamplingConfig(max_new_tokens=tokens, min_new_tokens=tokens, **kw), pad_token_id=2,
+           eos_token_id=2, generator=g, autocast_dtype=dtype)
+
+
+def part_graphs(model, device: str) -> None:
+    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = next((v for k, v in BANDWIDTH.items() if k in name), None)
+    limit = f", bandwidth limit {peak / weight_bytes:,.0f} steps/s ({weight_bytes / peak * 1e3:.3f} ms)" if peak else ""
+    print(f"weights {weight_bytes / 1e9:.2f} GB in bf16{limit}; {name}, torch {torch.__version__}")
+    for dtype in (torch.bfloat16, None):
+        for size in (16, 64):
+            ids, mask = batch_of(size, device)
+            for graphs in (False, True):
+                whole = seconds(lambda: ours(model, ids, mask, dtype, cuda_graphs=graphs), device)
+                longer = seconds(lambda: ours(model, ids, mask, dtype, 2 * N, cuda_graphs=graphs), device)
+                step = (longer - whole) / N * 1e3
+                print(f"ours sample() {'bf16' if dtype else 'fp32'}, batch {size:3d}, cuda_graphs={graphs!s:5}: "
+                      f"{whole / N * 1e3:6.2f} ms per token with the prefill, {step:6.2f} ms a step, "
+                      f"{size * 1e3 / step:8,.0f} tokens/s")
+
+
+def part_profile(model, device: str) -> None:
+    ids, mask = batch_of(16, device)
+    run = lambda: ours(model, ids, mask, torch.bfloat16, cuda_graphs=True)  # noqa: E731
+    run()
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        run()
+        sync(device)
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+    gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+    kernels = sum(e.count for e in events if getattr(e, "self_device_time_total", 0) > 0)
+    print(f"one sample() through graphs, batch 16, bf16, {N} tokens: wall {wall * 1e3:.1f} ms, GPU busy "
+          f"{gpu_us / 1e3:.1f} ms ({gpu_us / 1e3 / N:.2f} ms a token), {kernels} GPU kernel calls "
+          f"({kernels / N:.0f} a token)")
+    sort = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(events.table(sort_by=sort, row_limit=20, max_name_column_width=60))
+
+
+def part_hf(model, device: str) -> None:
+    ids, mask = batch_of(16, device)
+    B = ids.shape[0]
 
     @torch.no_grad()
-    def gen(dtype=None):
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+    def generate(dtype=None):
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, min_new_tokens=N, max_new_tokens=N,
                            top_p=1.0, top_k=0, temperature=1.0, pad_token_id=2)
-
-    def ours(dtype, ids=ids, mask=mask, **kw):
-        g = torch.Generator("cuda").manual_seed(0)
-        sample(model, ids, mask, SamplingConfig(max_new_tokens=N, min_new_tokens=N, **kw), pad_token_id=2,
-               eos_token_id=2, generator=g, autocast_dtype=dtype)
 
     @torch.no_grad()
     def raw(dtype=None):
         from transformers import DynamicCache
         cache = DynamicCache()
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
             out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1)
             am = mask
@@ -69,32 +131,28 @@ def main() -> None:
                 out = model(input_ids=tok[:, None], attention_mask=am, cache=out.cache, use_cache=True)
                 tok = out.logits[:, -1].argmax(-1)
 
-    print("ms per token, batch 16, 32 new tokens, prompt 16, torch", torch.__version__, torch.cuda.get_device_name())
-    print(f"HF generate fp32 (TRL's sampler)        {timed(gen):6.1f}")
-    print(f"HF generate bf16 autocast               {timed(lambda: gen(torch.bfloat16)):6.1f}")
-    print(f"ours sample() bf16 autocast             {timed(lambda: ours(torch.bfloat16)):6.1f}")
-    print(f"ours sample() fp32                      {timed(lambda: ours(None)):6.1f}")
-    print(f"ours sample() bf16, no EOS check at all {timed(lambda: ours(torch.bfloat16, stop_at_eos=False)):6.1f}")
-    print(f"raw forward loop fp32 (argmax)          {timed(raw):6.1f}")
-    print(f"raw forward loop bf16 autocast          {timed(lambda: raw(torch.bfloat16)):6.1f}")
-    # Issue 40: graph-captured steps. The bandwidth limit: every step reads each weight once (bf16: 2 bytes each).
-    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
-    bandwidth = {"H100": 3.35e12, "H200": 4.8e12}
-    peak = next((v for k, v in bandwidth.items() if k in torch.cuda.get_device_name()), None)
-    limit = f", bandwidth limit {peak / weight_bytes:,.0f} steps/s" if peak else ""
-    print(f"weights {weight_bytes / 1e9:.2f} GB in bf16{limit}")
-    for batch in (16, 64):
-        big_ids = torch.randint(3, 49152, (batch, TQ), device="cuda")
-        big_mask = torch.ones_like(big_ids)
-        big_mask[: batch // 4, :3] = 0
-        for graphs in (False, True):
-            ms = timed(lambda: ours(torch.bfloat16, big_ids, big_mask, cuda_graphs=graphs))
-            print(f"ours sample() bf16, batch {batch:3d}, cuda_graphs={graphs!s:5}: {ms:6.2f} ms per step, "
-                  f"{batch * 1e3 / ms:8,.0f} tokens/s")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        ours(torch.bfloat16)
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+    ms = lambda fn: seconds(fn, device) / N * 1e3  # noqa: E731
+    print(f"ms per token, batch 16, {N} new tokens, prompt {TQ}, the prefill included")
+    print(f"HF generate fp32 (TRL's sampler)        {ms(generate):6.1f}")
+    print(f"HF generate bf16 autocast               {ms(lambda: generate(torch.bfloat16)):6.1f}")
+    print(f"ours sample() bf16 autocast             {ms(lambda: ours(model, ids, mask, torch.bfloat16)):6.1f}")
+    print(f"ours sample() fp32                      {ms(lambda: ours(model, ids, mask, None)):6.1f}")
+    print(f"ours sample() bf16, no EOS check at all "
+          f"{ms(lambda: ours(model, ids, mask, torch.bfloat16, stop_at_eos=False)):6.1f}")
+    print(f"raw forward loop fp32 (argmax)          {ms(raw):6.1f}")
+    print(f"raw forward loop bf16 autocast          {ms(lambda: raw(torch.bfloat16)):6.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=30, help="30: SmolLM2-135M's depth")
+    parser.add_argument("--parts", default="graphs,profile,hf")
+    args = parser.parse_args()
+    model = build(args.device, args.layers)
+    parts = {"graphs": part_graphs, "profile": part_profile, "hf": part_hf}
+    for name in args.parts.split(","):
+        parts[name](model, args.device)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests
-#  decode  decoding per token, eager against graphs, batch 16 and 64, against the bandwidth limit (decode_gpu.py)
+#  decode  decoding per token and per step, eager against graphs, bf16 and fp32, batch 16 and 64, against the
+#          bandwidth limit; the GPU time of a graph step (profiled); then HF generate (decode_gpu.py)
 #  trl     one RL step against TRL's GRPOTrainer, eager and through graphs (bench_engine_vs_trl.py), on random
 #          weights of SmolLM2-135M's shape: a step's time does not depend on the weights' values (min = max new
 #          tokens), so the ratio is the one the real weights would give; time to a reward needs the real weights
