@@ -825,7 +825,8 @@ def test_static_steps_multiply_by_kept_merged_lora_weights_refreshed_in_place(de
     held = static_decoding._STATES[model]
     assert "forward" not in vars(lora) and model.base_model.model.lm_head.weight is head  # the model put back
     if autocast_dtype is not None:
-        assert static_decoding._WEIGHTS[model.base_model.model.lm_head]["weight"].dtype == autocast_dtype
+        head_copy = static_decoding._WEIGHTS[model.base_model.model.lm_head]["weight", autocast_dtype]
+        assert head_copy.dtype == autocast_dtype
     with torch.no_grad():  # an optimizer step on the adapters, in place
         for p in model.parameters():
             if p.requires_grad:
@@ -835,6 +836,9 @@ def test_static_steps_multiply_by_kept_merged_lora_weights_refreshed_in_place(de
     assert static_decoding._STATES[model] is held  # ...in the same tensors: a captured graph stays valid
     run(model, ids, mask, cuda_graphs=True, **{**settings, "merge_lora": False})
     assert adapter_calls and static_decoding._STATES[model][0] != held[0]  # unmerged: other steps, not these
+    other = None if autocast_dtype is not None else torch.bfloat16  # a rollout in the other precision between
+    run(model, ids, mask, cuda_graphs=True, **{**settings, "autocast_dtype": other})
+    assert all(static_decoding._WEIGHTS[lora][key] is tensor for key, tensor in kept.items())  # what graphs read
 
 
 def test_static_steps_refuse_a_model_transformers_does_not_run_over_a_static_cache():

@@ -12,8 +12,9 @@ launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda
   mask buffer. Token ids, positions and masks are copied into static buffers before each replay.
 - **Kept across rollouts.** One graph per (model, batch, bucket, capacity, autocast dtype), kept while the model's
   parameters are the same tensors: an optimizer updates them in place, so a replay reads the current weights
-  (autocast's casts are inside the graph). Anything that replaces a parameter tensor, turns a LoRA adapter on or
-  off, or switches train/eval mode changes :func:`fingerprint`, and the model's graphs are captured anew.
+  (what autocast still casts is cast inside the graph). Anything that replaces a parameter tensor, turns a LoRA
+  adapter on or off, or switches train/eval mode changes :func:`fingerprint`, and the model's graphs are captured
+  anew.
 - **What a step reads.** Within :func:`static_weights` (the sampler enters it around its static steps) each linear
   layer multiplies by a copy of its weight in the autocast dtype, and, with ``merge_lora``, each plain LoRA layer by
   its merged weight W + s·BA, as the CPU sampler does: no weight casts and no adapter branches among a step's
@@ -44,7 +45,8 @@ PROMPT_BUCKET = 32
 
 # model -> (fingerprint, {shape key: _StepState}); dropped with the model.
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# module -> {name: the copy its static steps read (static_weights)}; dropped with the module.
+# module -> {(name, dtype): the copy its static steps read (static_weights)}; dropped with the module. Kept per dtype:
+# a graph captured over a bf16 copy must still find it after an fp32 rollout in between.
 _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -95,12 +97,12 @@ def static_weights(model, dtype: torch.dtype | None, *, merge_lora: bool):
 
 def _kept(module, name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.nn.Parameter:
     """The module's kept copy ``name`` of ``value`` in ``dtype``, overwritten in place; made anew when missing or of
-    another shape, dtype or device."""
+    another shape or device (then the parameters moved or were replaced: :func:`fingerprint` changed too)."""
     dtype = dtype or value.dtype
     held = _WEIGHTS.setdefault(module, {})
-    kept = held.get(name)
-    if kept is None or kept.shape != value.shape or kept.dtype != dtype or kept.device != value.device:
-        kept = held[name] = torch.nn.Parameter(value.detach().to(dtype, copy=True), requires_grad=False)
+    kept = held.get((name, dtype))
+    if kept is None or kept.shape != value.shape or kept.device != value.device:
+        kept = held[name, dtype] = torch.nn.Parameter(value.detach().to(dtype, copy=True), requires_grad=False)
     else:
         kept.copy_(value)
     return kept
