@@ -184,7 +184,8 @@ def linear_types() -> tuple[type, ...]:
 
 
 @contextlib.contextmanager
-def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None = None, skip=frozenset()):
+def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None = None, skip=frozenset(),
+                    copy=None):
     """Within the block, the weights and biases of the model's linear layers (``nn.Linear``, transformers'
     ``Conv1D``) are ``dtype`` copies; the original parameters are put back on exit, even after an error.
 
@@ -197,8 +198,9 @@ def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None 
 
     ``trainable``: also swap tensors that require grad. The default, None, swaps them only if grad is disabled on
     entry; with grad, only frozen tensors (``requires_grad=False``, e.g. a LoRA base) may be swapped, or gradients
-    would not reach the trainable parameters. ``skip``: modules left alone. ``dtype=None`` is a no-op. Not for models
-    sharded by FSDP/DeepSpeed.
+    would not reach the trainable parameters. ``skip``: modules left alone. ``copy(module, name, param)``: makes the
+    ``dtype`` copy (default: a new tensor each entry; static decoding passes one that keeps its copies). ``dtype=None``
+    is a no-op. Not for models sharded by FSDP/DeepSpeed.
     """
     if dtype is None:
         yield model
@@ -219,7 +221,9 @@ def precast_weights(model, dtype: torch.dtype | None, *, trainable: bool | None 
                         continue
                     cast = casts.get(id(param))
                     if cast is None:
-                        cast = casts[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=False)
+                        cast = casts[id(param)] = (
+                            copy(module, name, param) if copy is not None
+                            else torch.nn.Parameter(param.detach().to(dtype), requires_grad=False))
                         cast.precast_from = param  # for code that needs the full-precision values (merged LoRA)
                     module._parameters[name] = cast
                     swapped.append((module, name, param))

@@ -33,7 +33,7 @@ import weakref
 import torch
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.lm.cpu_bf16 import linear_types
+from elastic_reset.lm.cpu_bf16 import precast_weights
 from elastic_reset.lm.lora import mergeable_lora, merged_lora_weight
 from elastic_reset.lm.scoring import (accepts_logits_to_keep, decoder_start_id, device_of, position_ids_from_mask,
                                      unwrap_model)
@@ -60,39 +60,28 @@ def fingerprint(model) -> tuple:
 
 @contextlib.contextmanager
 def static_weights(model, dtype: torch.dtype | None, *, merge_lora: bool):
-    """Within the block (no grad), the model's linear layers (``nn.Linear``, transformers' ``Conv1D``) compute with
-    ``dtype`` copies of their weights and biases (None: the parameters' own dtype), and with ``merge_lora`` every
+    """Within the block, the model's linear layers (``nn.Linear``, transformers' ``Conv1D``) compute with ``dtype``
+    copies of their weights and biases (None: the parameters' own dtype), and with ``merge_lora`` every
     :func:`~elastic_reset.lm.lora.mergeable_lora` layer with its merged weight W + s·BA; the model is put back on
-    exit, even after an error. Unlike ``precast_weights`` the copies are kept with each module and refreshed in
-    place on every entry: the same tensors every rollout, which a captured graph needs, holding the current values.
-    Under autocast to ``dtype`` a linear layer computes the same either way (its inputs are cast to ``dtype``)."""
-    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
-    merged: list[torch.nn.Module] = []
+    exit, even after an error. :func:`~elastic_reset.lm.cpu_bf16.precast_weights`, but with the copies kept with each
+    module and refreshed in place on every entry: the same tensors every rollout, which a captured graph needs,
+    holding the current values. Under autocast to ``dtype`` a linear layer computes the same either way (its
+    inputs are cast to ``dtype``)."""
+    merged = [m for m in model.modules() if mergeable_lora(m)] if merge_lora else []
     try:
-        with torch.inference_mode(False), torch.no_grad():  # kept copies must be writable outside inference mode
-            inside_merged: set[torch.nn.Module] = set()
-            for module in model.modules():
-                if module in inside_merged:
-                    continue
-                if merge_lora and mergeable_lora(module):
-                    bias = module.base_layer.bias
-                    module.forward = _linear_forward(_kept(module, "merged", merged_lora_weight(module), dtype),
-                                                     None if bias is None else _kept(module, "bias", bias, dtype))
-                    merged.append(module)
-                    inside_merged.update(module.modules())
-                elif dtype is not None and isinstance(module, linear_types()):
-                    for name in ("weight", "bias"):
-                        param = module._parameters.get(name)
-                        if param is None or not param.is_floating_point() or param.dtype == dtype:
-                            continue  # already dtype (e.g. the trainer's run-long copy of a frozen weight)
-                        module._parameters[name] = _kept(module, name, param, dtype)
-                        swapped.append((module, name, param))
-        yield model
+        for module in merged:
+            bias = module.base_layer.bias
+            module.forward = _linear_forward(_kept(module, "merged", merged_lora_weight(module), dtype),
+                                             None if bias is None else _kept(module, "bias", bias, dtype))
+        # The rest, as precast_weights swaps them (a parameter already in dtype, e.g. the trainer's run-long copy of
+        # a frozen weight, is left as it is).
+        inside_merged = {m for module in merged for m in module.modules()}
+        with precast_weights(model, dtype, trainable=True, skip=inside_merged,
+                             copy=lambda module, name, param: _kept(module, name, param, dtype)):
+            yield model
     finally:
         for module in merged:
-            del module.forward
-        for module, name, param in reversed(swapped):
-            module._parameters[name] = param
+            module.__dict__.pop("forward", None)
 
 
 def _kept(module, name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.nn.Parameter:
@@ -101,10 +90,11 @@ def _kept(module, name: str, value: torch.Tensor, dtype: torch.dtype | None) -> 
     dtype = dtype or value.dtype
     held = _WEIGHTS.setdefault(module, {})
     kept = held.get((name, dtype))
-    if kept is None or kept.shape != value.shape or kept.device != value.device:
-        kept = held[name, dtype] = torch.nn.Parameter(value.detach().to(dtype, copy=True), requires_grad=False)
-    else:
-        kept.copy_(value)
+    with torch.inference_mode(False), torch.no_grad():  # a kept copy must be writable outside inference mode
+        if kept is None or kept.shape != value.shape or kept.device != value.device:
+            kept = held[name, dtype] = torch.nn.Parameter(value.detach().to(dtype, copy=True), requires_grad=False)
+        else:
+            kept.copy_(value)
     return kept
 
 
