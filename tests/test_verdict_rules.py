@@ -1,0 +1,90 @@
+"""The gold-vs-proxy grid's verdicts (issue 37) follow the rules its report script states before the grid runs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gold_vs_proxy_report.py"
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("gold_vs_proxy_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def entry(mean, se=0.01):
+    return {"mean": mean, "se": se, "n": 3}
+
+
+def method(report, **means):
+    """A method's summary: every measure 0.5 ± 0.01 unless given."""
+    return {"seeds": [0, 1, 2], **{m: entry(means.get(m, 0.5)) for m in report.MEASURES}}
+
+
+def test_greater_is_two_standard_errors_of_the_difference(report):
+    # 2 * sqrt(0.1² + 0.1²) = 0.283
+    assert report.greater(entry(1.0, 0.1), entry(0.7, 0.1))
+    assert not report.greater(entry(1.0, 0.1), entry(0.75, 0.1))
+    assert not report.greater(entry(0.7, 0.1), entry(1.0, 0.1))
+
+
+def test_run_measures_take_the_peak_and_the_last_evaluation(report, tmp_path):
+    rows = [{"step": 1, "train/loss": 0.3}]  # a training row without evaluations is skipped
+    for step, gold in ((0, 0.40), (5, 0.90), (10, 0.70)):
+        rows.append({"step": step, "eval/gold": gold, "eval/perplexity": 40 + step, "eval/kl_init": step / 2,
+                     "eval/win_rate": 0.5 + step / 100, "eval_forget/win_rate": 0.5, "eval_forget/kl_init": step})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = report.run_measures(tmp_path)
+    assert m["peak_gold"] == 0.90 and m["final_gold"] == 0.70
+    assert m["drop"] == pytest.approx(0.20)
+    assert (m["final_perplexity"], m["final_kl"], m["final_forget_kl"]) == (50, 5.0, 10)
+
+
+def test_verdict_a_holds_only_when_elastic_reset_wins_against_both_betas_with_both_proxies(report):
+    def grid(er_vs_small):
+        proxy = {"kl": method(report, peak_gold=0.6), "kl_small": method(report, **er_vs_small),
+                 "elastic_reset": method(report, peak_gold=0.8, final_perplexity=50, final_kl=10)}
+        return {"rm": proxy, "am": proxy}
+
+    assert report.verdict_a(grid({"peak_gold": 0.7}))[0] == "holds"
+    # the same peak gold: a win needs both the lower perplexity and the lower KL
+    same_peak_more_drift = {"peak_gold": 0.8, "final_perplexity": 60, "final_kl": 20}
+    assert report.verdict_a(grid(same_peak_more_drift))[0] == "holds"
+    only_perplexity = {"peak_gold": 0.8, "final_perplexity": 60, "final_kl": 10}
+    outcome, lines = report.verdict_a(grid(only_perplexity))
+    assert outcome == "holds in part" and sum("**neither**" in line for line in lines) == 2
+    assert report.verdict_a(grid({"peak_gold": 0.9}))[0] == "does not hold"
+
+
+def test_verdict_b_needs_an_rm_run_that_over_optimises(report):
+    def grid(rm_drop, am_drop):
+        return {p: {kl: method(report, drop=d) for kl in ("kl", "kl_small")}
+                for p, d in (("rm", rm_drop), ("am", am_drop))}
+
+    assert report.verdict_b(grid(0.01, 0.0))[0].startswith("is not testable")
+    assert report.verdict_b(grid(0.2, 0.05))[0] == "holds"
+    assert report.verdict_b(grid(0.2, 0.2))[0] == "does not hold"
+    mixed = grid(0.2, 0.05)
+    mixed["am"]["kl_small"] = method(report, drop=0.2)
+    assert report.verdict_b(mixed)[0] == "holds in part"
+
+
+def test_verdict_c_judges_the_tax_at_equal_gold_by_perplexity_or_forget_kl(report):
+    def grid(**sr):
+        proxy = {"kl": method(report, final_gold=0.8, final_perplexity=60, final_forget_kl=8),
+                 "selective_rehearsal": method(report, **{"final_gold": 0.8, **sr}),
+                 "elastic_reset": method(report, final_gold=0.8, final_perplexity=60, final_forget_kl=8),
+                 "er_sr": method(report, **{"final_gold": 0.8, **sr})}
+        return {"rm": proxy, "am": proxy}
+
+    assert report.verdict_c(grid(final_perplexity=50, final_forget_kl=8))[0] == "holds"
+    assert report.verdict_c(grid(final_perplexity=60, final_forget_kl=4))[0] == "holds"
+    # less tax bought with less gold is a loss, as is more tax on both measures
+    assert report.verdict_c(grid(final_gold=0.6, final_perplexity=50, final_forget_kl=4))[0] == "does not hold"
+    assert report.verdict_c(grid(final_perplexity=70, final_forget_kl=12))[0] == "does not hold"
+    assert report.verdict_c(grid(final_perplexity=60, final_forget_kl=8))[0] == "does not hold"
