@@ -238,7 +238,7 @@ def run_trl(bf16: bool, warmup: int, steps: int, threads: int, device: str = "cp
 
 # ----------------------------------------------------------------------------------------------------- our engine
 def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: str = "cpu",
-               cuda_graphs: bool = False) -> dict:
+               cuda_graphs: bool = False, compile: bool = False) -> dict:
     if algo == "ppo":
         algo_cfg = {"name": "ppo", "prompts_per_step": COMPLETIONS, "samples_per_prompt": 1, "epochs": 1,
                     "minibatch_size": COMPLETIONS, "lr": LR}
@@ -250,7 +250,8 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: st
         "steps": total_steps,
         "model": {"name": "smollm2", "autocast": "bf16" if bf16 else "none", "lora": dict(LORA), "device": device},
         "task": {"name": "vader"},
-        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "cuda_graphs": cuda_graphs},
+        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "cuda_graphs": cuda_graphs,
+                     "compile": compile},
         "algo": algo_cfg,
         "kl": {"coef": KL_COEF},
         "method": {"name": "kl"},
@@ -262,11 +263,11 @@ def our_config(algo: str, bf16: bool, total_steps: int, threads: int, device: st
 
 
 def run_ours(algo: str, bf16: bool, warmup: int, steps: int, threads: int, device: str = "cpu",
-             cuda_graphs: bool = False) -> dict:
+             cuda_graphs: bool = False, compile: bool = False) -> dict:
     from elastic_reset.rl.config import config_from_dict
     from elastic_reset.rl.trainer import RLTrainer
 
-    cfg_dict = our_config(algo, bf16, warmup + steps, threads, device, cuda_graphs)
+    cfg_dict = our_config(algo, bf16, warmup + steps, threads, device, cuda_graphs, compile)
     config = config_from_dict(cfg_dict)
     records = []
     with tempfile.TemporaryDirectory(prefix="bench-ours-") as tmp:
@@ -331,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where both sides run (default cpu; on cuda, bf16 rows are mixed precision on the GPU)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="our rows decode through captured CUDA graphs (sampling.cuda_graphs; issue 40)")
+    parser.add_argument("--compile", action="store_true",
+                        help="with --cuda-graphs: the steps compiled before capture (sampling.compile; the "
+                             "compilation falls in the warm-up step)")
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)} (default: all)")
     args = parser.parse_args(argv)
@@ -362,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             if side == "trl":
                 row = run_trl(bf16, args.warmup, args.steps, args.threads, args.device)
             else:
-                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads, args.device, args.cuda_graphs)
+                row = run_ours(rest[0], bf16, args.warmup, args.steps, args.threads, args.device, args.cuda_graphs,
+                               args.compile)
         except Exception as err:  # a refused configuration (e.g. bf16 on CPU) is reported, not fatal
             traceback.print_exc()
             row = {"row": "TRL GRPO" if side == "trl" else f"ours {rest[0].upper()}",

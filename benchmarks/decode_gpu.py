@@ -3,11 +3,13 @@ timings do not depend on the weights' values, so no model file has to travel to 
 tokens, 32 new tokens, median of 3 calls after one warm-up. Three parts, in this order (a time limit that cuts the
 run keeps the first ones):
 
-- ``graphs``: this engine's ``sample()`` with and without ``cuda_graphs`` (issue 40), bf16 autocast and fp32, batch
-  16 and 64, against the memory-bandwidth limit (one read of the weights per step). Besides the whole call per
-  token (the prefill included), the marginal cost of a step: (time for 64 tokens - time for 32) / 32.
-- ``profile``: torch.profiler over one ``sample()`` call through graphs (batch 16, bf16): the GPU's own time per
-  token step against the step's wall time, and the kernels that take it.
+- ``graphs``: this engine's ``sample()`` eager, through ``cuda_graphs``, and through graphs of compiled steps
+  (``compile``; bf16 only, first), bf16 autocast and fp32, batch 16 and 64, against the memory-bandwidth limit (one
+  read of the weights per step). Besides the whole call per token (the prefill included), a step's cost: (time
+  for 64 tokens - time for 32) / 32, and a captured step replayed alone; and the first call's time (the capture,
+  and the compilation).
+- ``profile``: torch.profiler over one ``sample()`` call through graphs, compiled and not (batch 16, bf16): the
+  GPU's own time per token step against the step's wall time, and the kernels that take it.
 - ``hf``: Hugging Face ``generate`` (what TRL's GRPOTrainer samples with), this engine eager, and a bare forward loop.
 
     python benchmarks/decode_gpu.py                     # needs CUDA; BENCHMARKS.md, issue 40
@@ -69,43 +71,78 @@ def ours(model, ids, mask, dtype, tokens: int = N, **kw):
            eos_token_id=2, generator=g, autocast_dtype=dtype)
 
 
+MODES = {"eager": {}, "graphs": {"cuda_graphs": True}, "compiled": {"cuda_graphs": True, "compile": True}}
+
+
+def replay_ms(model, batch: int, dtype, compiled: bool, device: str, reps: int = 50) -> float | None:
+    """A captured step's own time: its graph replayed ``reps`` times back to back (no sampling or host work between
+    steps). None off CUDA, where nothing is captured."""
+    from elastic_reset.lm import static_decoding
+
+    held = static_decoding._STATES.get(model)
+    key = ("decoder", batch, static_decoding._bucket(TQ), static_decoding._bucket(TQ) + N, dtype, compiled)
+    state = held[1].get(key) if held else None
+    if state is None or state.graph is None:
+        return None
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        state.graph.replay()
+    sync(device)
+    return (time.perf_counter() - t) / reps * 1e3
+
+
 def part_graphs(model, device: str) -> None:
     weight_bytes = 2 * sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = next((v for k, v in BANDWIDTH.items() if k in name), None)
     limit = f", bandwidth limit {peak / weight_bytes:,.0f} steps/s ({weight_bytes / peak * 1e3:.3f} ms)" if peak else ""
     print(f"weights {weight_bytes / 1e9:.2f} GB in bf16{limit}; {name}, torch {torch.__version__}")
-    for dtype in (torch.bfloat16, None):
-        for size in (16, 64):
-            ids, mask = batch_of(size, device)
-            for graphs in (False, True):
-                whole = seconds(lambda: ours(model, ids, mask, dtype, cuda_graphs=graphs), device)
-                longer = seconds(lambda: ours(model, ids, mask, dtype, 2 * N, cuda_graphs=graphs), device)
-                step = (longer - whole) / N * 1e3
-                print(f"ours sample() {'bf16' if dtype else 'fp32'}, batch {size:3d}, cuda_graphs={graphs!s:5}: "
-                      f"{whole / N * 1e3:6.2f} ms per token with the prefill, {step:6.2f} ms a step, "
-                      f"{size * 1e3 / step:8,.0f} tokens/s")
+    # Compiled rows: bf16 and one length only (each shape is a compilation of its own, tens of seconds); their step
+    # is the replay's time, not the 64-minus-32-tokens difference.
+    rows = [(mode, dtype, size) for dtype in (torch.bfloat16, None) for size in (16, 64) for mode in MODES
+            if mode != "compiled" or dtype is not None]
+    rows.sort(key=lambda r: r[0] != "compiled")  # the compiled rows first: a time limit cuts the others
+    for mode, dtype, size in rows:
+        ids, mask = batch_of(size, device)
+        kw = MODES[mode]
+        t = time.perf_counter()
+        ours(model, ids, mask, dtype, **kw)
+        sync(device)
+        first = time.perf_counter() - t
+        whole = seconds(lambda: ours(model, ids, mask, dtype, **kw), device)
+        step = None
+        if mode != "compiled":
+            step = (seconds(lambda: ours(model, ids, mask, dtype, 2 * N, **kw), device) - whole) / N * 1e3
+        replay = replay_ms(model, size, dtype, mode == "compiled", device)
+        best = replay if replay is not None else step
+        print(f"ours sample() {'bf16' if dtype else 'fp32'}, batch {size:3d}, {mode:8}: {whole / N * 1e3:6.2f} ms per "
+              f"token with the prefill, a step {'-' if step is None else f'{step:.2f}'} ms (64 - 32 tokens), "
+              f"replayed alone {'-' if replay is None else f'{replay:.2f}'} ms, "
+              f"{'-' if best is None else f'{size * 1e3 / best:,.0f}'} tokens/s; first call {first:.1f} s",
+              flush=True)
 
 
 def part_profile(model, device: str) -> None:
     ids, mask = batch_of(16, device)
-    run = lambda: ours(model, ids, mask, torch.bfloat16, cuda_graphs=True)  # noqa: E731
-    run()
-    sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        t = time.perf_counter()
+    for mode in ("compiled", "graphs"):
+        run = lambda: ours(model, ids, mask, torch.bfloat16, **MODES[mode])  # noqa: E731
         run()
         sync(device)
-        wall = time.perf_counter() - t
-    events = prof.key_averages()
-    gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
-    kernels = sum(e.count for e in events if getattr(e, "self_device_time_total", 0) > 0)
-    print(f"one sample() through graphs, batch 16, bf16, {N} tokens: wall {wall * 1e3:.1f} ms, GPU busy "
-          f"{gpu_us / 1e3:.1f} ms ({gpu_us / 1e3 / N:.2f} ms a token), {kernels} GPU kernel calls "
-          f"({kernels / N:.0f} a token)")
-    sort = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    print(events.table(sort_by=sort, row_limit=20, max_name_column_width=60))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            t = time.perf_counter()
+            run()
+            sync(device)
+            wall = time.perf_counter() - t
+        events = prof.key_averages()
+        gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+        kernels = sum(e.count for e in events if getattr(e, "self_device_time_total", 0) > 0)
+        print(f"one sample() {mode}, batch 16, bf16, {N} tokens: wall {wall * 1e3:.1f} ms, GPU busy "
+              f"{gpu_us / 1e3:.1f} ms ({gpu_us / 1e3 / N:.2f} ms a token), {kernels} GPU kernel calls "
+              f"({kernels / N:.0f} a token)")
+        sort = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+        print(events.table(sort_by=sort, row_limit=15, max_name_column_width=60), flush=True)
 
 
 def part_hf(model, device: str) -> None:

@@ -4,6 +4,9 @@
 # H100 (session 32) tests took ~30 s, decode over 80 s, trl ~60 s a row pair, jobs 70-100 s an N at 60 iterations;
 # with the time limits below, one call holds four stages (310 s):
 #   STAGES="tests decode trl jobs" T_TESTS=150 T_DECODE=80 T_TRL=95 T_JOBS=70 bash benchmarks/gpu_session.sh
+# The next lease, for the merged weights and the compiled steps (each compilation tens of seconds; compiled rows
+# first, so a time limit cuts the rows already measured): one call of at most 10 minutes,
+#   STAGES="tests decode trl" T_TESTS=120 T_DECODE=220 T_TRL=110 bash benchmarks/gpu_session.sh
 # Each call carries .whl (git-ignored through .git/info/exclude), made here once:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -24,9 +27,11 @@
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests
-#  decode  decoding per token and per step, eager against graphs, bf16 and fp32, batch 16 and 64, against the
-#          bandwidth limit; the GPU time of a graph step (profiled); then HF generate (decode_gpu.py)
-#  trl     one RL step against TRL's GRPOTrainer, eager and through graphs (bench_engine_vs_trl.py), on random
+#  decode  decoding per token and per step, eager against graphs and graphs of compiled steps (sampling.compile),
+#          bf16 and fp32, batch 16 and 64, against the bandwidth limit; the GPU time of a graph step (profiled);
+#          then HF generate (decode_gpu.py)
+#  trl     one RL step against TRL's GRPOTrainer, our row compiled, through graphs and eager (TRL_MODES;
+#          bench_engine_vs_trl.py), on random
 #          weights of SmolLM2-135M's shape: a step's time does not depend on the weights' values (min = max new
 #          tokens), so the ratio is the one the real weights would give; time to a reward needs the real weights
 #  ttr     wall time to a held-out reward against TRL's GRPOTrainer, our rows through graphs (learning_vs_trl.py,
@@ -40,6 +45,8 @@ STAGES=${STAGES:-tests decode trl jobs}
 # seconds each stage may take (lower ones fit several stages in one call)
 T_TESTS=${T_TESTS:-200} T_DECODE=${T_DECODE:-120} T_TRL=${T_TRL:-150} T_JOBS=${T_JOBS:-120}
 JOBS_STEPS=${JOBS_STEPS:-10} JOBS_N=${JOBS_N:-1 4}  # the jobs stage: iterations per cell, the --jobs values
+TRL_MODES=${TRL_MODES:-compiled graphs eager}  # the trl stage's decoding for our row, in this order
+TTR_FLAGS=${TTR_FLAGS:---cuda-graphs}  # the ttr stage's decoding for our rows (--cuda-graphs --compile: compiled)
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -50,6 +57,7 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PA
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, 'transformers',
 transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)"
+  python3 -c "import triton; print('triton', triton.__version__)" || echo "no triton: sampling.compile cannot run"
 } 2>&1 | tee -a "$OUT/machine.txt"
 
 if has tests; then
@@ -69,9 +77,10 @@ torch.manual_seed(0)
 folder = sys.argv[1]
 LlamaForCausalLM(AutoConfig.from_pretrained(folder)).save_pretrained(folder)  # random weights, SmolLM2's shape
 PY
-  for graphs in "" "--cuda-graphs"; do
+  for mode in $TRL_MODES; do
+    flags=(); [ "$mode" != eager ] && flags+=(--cuda-graphs); [ "$mode" = compiled ] && flags+=(--compile)
     timeout "$T_TRL" python3 benchmarks/bench_engine_vs_trl.py --device cuda --rows trl-bf16,ours-rloo-bf16 --steps 5 \
-      $graphs --out "$OUT/engine_vs_trl${graphs:+_graphs}.json" 2>&1 | tail -8 | tee -a "$OUT/engine_vs_trl.log"
+      "${flags[@]}" --out "$OUT/engine_vs_trl_$mode.json" 2>&1 | tail -8 | tee -a "$OUT/engine_vs_trl.log"
   done
 fi
 if has ttr; then
@@ -81,7 +90,7 @@ if has ttr; then
     || { echo "ttr: .gg1/part + .gg2/part are not the GGUF (see the header)" | tee -a "$OUT/ttr.log"; exit 1; }
   export ELASTIC_RESET_CACHE=/tmp/er_cache_real  # not the trl stage's cache, which holds random weights
   for s in 0 1 2; do
-    timeout 170 python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo --cuda-graphs \
+    timeout 170 python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo $TTR_FLAGS \
       --eval-every 2 --seed $s --out "$OUT/ttr_seed$s.json" 2>&1 | tail -6 | tee -a "$OUT/ttr.log"
   done
   python3 benchmarks/learning_vs_trl.py --combine "$OUT"/ttr_seed?.json --out "$OUT/ttr_seeds.json" 2>&1 \

@@ -178,7 +178,8 @@ def run_ours(args, algo: str) -> dict:
         "model": {"name": "smollm2", "autocast": "bf16" if args.precision == "bf16" else "none", "lora": dict(LORA),
                   "device": args.device},
         "task": {"name": "vader"},
-        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "cuda_graphs": args.cuda_graphs},
+        "sampling": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "cuda_graphs": args.cuda_graphs,
+                     "compile": args.compile},
         "algo": {**shape, "lr": args.lr, "minibatch_size": PROMPTS * GENERATIONS},
         # β = 0 on both sides; TRL then runs no reference model, and ours skips the reference forward of its
         # KL diagnostic too (kl.log_every 0): the same work.
@@ -301,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="our rows decode through captured CUDA graphs (sampling.cuda_graphs; issue 40)")
+    parser.add_argument("--compile", action="store_true",
+                        help="with --cuda-graphs: the steps compiled before capture (sampling.compile; the "
+                             "compilation counts in the wall time)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import elastic_reset.lm.cpu_bf16 as cpu_bf16
+from elastic_reset.errors import ConfigError
 from elastic_reset.lm.cpu_bf16 import precast_weights
 from elastic_reset.lm.lora import add_lora
 from elastic_reset.lm.scoring import ResponseOutput, forward_response
@@ -844,8 +845,6 @@ def test_static_steps_multiply_by_kept_merged_lora_weights_refreshed_in_place(de
 def test_static_steps_refuse_a_model_transformers_does_not_run_over_a_static_cache():
     from transformers import MambaConfig, MambaForCausalLM
 
-    from elastic_reset.errors import ConfigError
-
     model = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1)).eval()  # no attention
     ids, mask = left_padded([3, 5])
     with pytest.raises(ConfigError, match="sampling.cuda_graphs: MambaForCausalLM cannot decode over a static KV"):
@@ -857,7 +856,8 @@ def test_static_steps_refuse_a_model_transformers_does_not_run_over_a_static_cac
 def test_a_static_step_has_no_host_sync(arch):
     """A CUDA graph cannot hold a host sync (a tensor read in an `if`); dynamo's full-graph trace refuses one too,
     which is how a CPU can check that a static step is capturable."""
-    from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper
+    from elastic_reset.lm.static_decoding import (StaticDecoderStepper, StaticSeq2SeqStepper, decoder_step,
+                                                  seq2seq_step)
 
     model = make_model(arch)
     ids, mask = prompts(arch, [3, 7, 5])
@@ -865,15 +865,45 @@ def test_a_static_step_has_no_host_sync(arch):
         stepper = (StaticSeq2SeqStepper if arch in SEQ2SEQ else StaticDecoderStepper)(model, ids, mask, 8, None)
         stepper.prefill()
         stepper.step(torch.tensor([5, 6, 7]))
-        buffers = stepper.state.buffers
-        if arch in SEQ2SEQ:
-            def step():
-                return stepper._forward(buffers["tokens"])
-        else:
-            def step():
-                return stepper._forward(input_ids=buffers["tokens"], position_ids=buffers["positions"])
         torch._dynamo.reset()
-        torch.compile(step, backend="eager", fullgraph=True)()
+        step = seq2seq_step if arch in SEQ2SEQ else decoder_step
+        torch.compile(step, backend="eager", fullgraph=True)(model, stepper.state, None)
+
+
+def test_compiled_static_steps_sample_what_uncompiled_ones_do_compiled_once_and_reading_updated_weights(monkeypatch):
+    """sampling.compile: inductor's step (here its CPU code) samples the very tokens of the uncompiled static step; a
+    later rollout of the same shape, after an in-place update of every weight, compiles nothing new and reads the
+    new weights."""
+    from torch._dynamo.utils import counters
+
+    from elastic_reset.lm import static_decoding
+
+    model = make_model("llama", eos_bias=2.0)
+    ids, mask = prompts("llama", [3, 7, 5])
+    settings = dict(max_new_tokens=8, min_new_tokens=1, cuda_graphs=True)
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    compiled, plain = run(model, ids, mask, compile=True, **settings), run(model, ids, mask, **settings)
+    assert torch.equal(compiled.response_ids, plain.response_ids)
+    torch.testing.assert_close(compiled.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs == before + 1  # one compilation for every step of the rollout
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # in place, as an optimizer step
+    compiled, plain = run(model, ids, mask, compile=True, **settings), run(model, ids, mask, **settings)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(compiled.response_ids, plain.response_ids)
+    torch.testing.assert_close(compiled.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+    # Each shape of step is one more compilation of the same function, under the module's own recompile limit.
+    monkeypatch.setattr(static_decoding, "RECOMPILE_LIMIT", 1)
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        run(model, *prompts("llama", [3, 7]), compile=True, **settings)
+
+
+def test_compile_needs_cuda_graphs():
+    with pytest.raises(ConfigError, match="sampling.compile: needs sampling.cuda_graphs: true"):
+        SamplingConfig(compile=True)
 
 
 @pytest.mark.cuda
@@ -899,3 +929,20 @@ def test_cuda_graph_steps_sample_what_eager_steps_sample_and_follow_in_place_upd
     ids, mask = (t.cuda() for t in prompts(arch, [3, 7, 5]))
     torch.testing.assert_close(run(model, ids, mask, max_new_tokens=10, cuda_graphs=True).logprobs,
                                run(model, ids, mask, max_new_tokens=10).logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_compiled_cuda_graph_steps_sample_what_eager_steps_sample_and_follow_in_place_updates():
+    """sampling.compile on a GPU: inductor's kernels (triton) captured in the graphs."""
+    model = make_model("llama", eos_bias=2.0).cuda()
+    settings = dict(max_new_tokens=10, min_new_tokens=1, autocast_dtype=torch.bfloat16)
+    ids, mask = (t.cuda() for t in prompts("llama", [3, 7, 5]))
+    for _ in range(2):
+        graphs = run(model, ids, mask, cuda_graphs=True, compile=True, **settings)
+        dynamic = run(model, ids, mask, **settings)
+        assert torch.equal(graphs.response_ids, dynamic.response_ids)
+        torch.testing.assert_close(graphs.logprobs, dynamic.logprobs, atol=0.05, rtol=0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)  # the second round reads the updated weights through the same graphs

@@ -3,7 +3,8 @@
 On a GPU a decoding step of a small model is bound by Python and kernel launches, not by the GPU (BENCHMARKS.md,
 "On a GPU and on several processes": ~4 ms of GPU work in a 44-48 ms step of SmolLM2). A step over transformers'
 ``StaticCache`` has the same shapes at every token, so it is captured once as a CUDA graph and then replayed: one
-launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda.CUDAGraph``), with no compiler.
+launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda.CUDAGraph``), and, with
+``compile``, through ``torch.compile`` first.
 
 - **Shapes.** A prompt is padded (on the left for a decoder-only model, on the right for an encoder) up to a
   multiple of :data:`PROMPT_BUCKET`, so one graph serves every batch of prompts up to that length; the KV cache
@@ -20,6 +21,10 @@ launch per token instead of hundreds. As gpt-fast does it, by hand (``torch.cuda
   its merged weight W + s·BA, as the CPU sampler does: no weight casts and no adapter branches among a step's
   kernels. The copies are made on the first rollout and overwritten in place at the start of every later one, so an
   update reaches the graphs without capturing them again.
+- **Compiled steps** (``compile``): the step function is compiled by ``torch.compile`` (inductor: the small
+  element-wise kernels of norms, rotary embeddings and activations fused, which a graph replays but does not merge)
+  before it is captured. The first step of each shape pays the compilation; dynamo's recompile limit is raised for
+  these calls, since each shape (batch, bucket, capacity, dtype) is one compilation.
 - **Eager parts.** The prefill (for an encoder-decoder model: the encoder and the first decoder step, which fills
   the cross-attention cache) runs eagerly, and so does every step off CUDA: that is how the CPU tests compare the
   static path with the dynamic one (:mod:`elastic_reset.rl.sampling`).
@@ -125,14 +130,19 @@ def _layers(cache) -> list:
 class _StepState:
     """The static cache, the input buffers and, on CUDA, the captured graph of one decoding step."""
 
-    def __init__(self, cache, buffers: dict[str, torch.Tensor], capture: bool):
-        self.cache, self.buffers, self.capture = cache, buffers, capture
+    def __init__(self, cache, buffers: dict[str, torch.Tensor], capture: bool, compile: bool):
+        self.cache, self.buffers, self.capture, self.compile = cache, buffers, capture, compile
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
-    def run(self, forward) -> torch.Tensor:
-        """``forward()`` (reading only :attr:`buffers` and the cache; returns the last position's logits): captured on
-        its first call on CUDA and replayed after, eager elsewhere. Returns a copy the next step does not overwrite."""
+    def run(self, step, model, autocast_dtype) -> torch.Tensor:
+        """``step(model, self, autocast_dtype)`` (reading only :attr:`buffers` and the cache; returns the last
+        position's logits), compiled first with :attr:`compile`: captured on its first call on CUDA and replayed after,
+        run as it is elsewhere. Returns a copy the next step does not overwrite. The model is an argument, not held:
+        the states are kept in a dictionary weakly keyed by it."""
+        if self.compile:
+            step = _compiled(step)
+        forward = lambda: step(model, self, autocast_dtype)  # noqa: E731
         if not self.capture:
             return forward().clone()
         if self.graph is None:
@@ -153,6 +163,27 @@ class _StepState:
         return self.logits.clone()
 
 
+_COMPILED: dict = {}
+RECOMPILE_LIMIT = 64
+"""Dynamo's recompile limit within compiled steps (its default, 8, is for one function of changing inputs; here every
+shape of step a process decodes is one compilation of the same function)."""
+
+
+def _compiled(step):
+    """``step`` through ``torch.compile`` (one graph, static shapes), compiled on a call under a raised recompile
+    limit."""
+    if step not in _COMPILED:
+        fn = torch.compile(step, fullgraph=True, dynamic=False)
+
+        def call(*args):
+            # cache_size_limit: recompile_limit's older name, which every torch since 2.6 accepts
+            with torch._dynamo.config.patch(cache_size_limit=RECOMPILE_LIMIT):
+                return fn(*args)
+
+        _COMPILED[step] = call
+    return _COMPILED[step]
+
+
 def _state(model, key: tuple, make) -> _StepState:
     """The model's step state for ``key``, made by ``make()`` when missing; all its states are dropped (and so
     captured anew) when its :func:`fingerprint` changed since they were made."""
@@ -171,17 +202,17 @@ class _StaticStepper:
 
     kind: str
 
-    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
+    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype, compile: bool = False):
         base = unwrap_model(model)
         if not getattr(base, "_can_compile_fullgraph", False):  # transformers' mark of a static-cache model
             raise ConfigError(f"sampling.cuda_graphs: {type(base).__name__} cannot decode over a static KV cache "
                               "(transformers does not mark it as one that can); set sampling.cuda_graphs=false")
         self.model, self.query_ids, self.query_mask = model, query_ids, query_mask
-        self.autocast_dtype = autocast_dtype
+        self.autocast_dtype, self.compile = autocast_dtype, compile
         self.batch, self.tq = query_ids.shape
         self.bucket = _bucket(self.tq)
         capacity = self._capacity(max_new_tokens)
-        self.state = _state(model, (self.kind, self.batch, self.bucket, capacity, autocast_dtype),
+        self.state = _state(model, (self.kind, self.batch, self.bucket, capacity, autocast_dtype, compile),
                             lambda: self._make(capacity))
 
     def _buffer(self, *shape: int, fill: int = 0) -> torch.Tensor:
@@ -200,8 +231,8 @@ class StaticDecoderStepper(_StaticStepper):
 
     kind = "decoder"
 
-    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype):
-        super().__init__(model, query_ids, query_mask, max_new_tokens, autocast_dtype)
+    def __init__(self, model, query_ids, query_mask, max_new_tokens: int, autocast_dtype, compile: bool = False):
+        super().__init__(model, query_ids, query_mask, max_new_tokens, autocast_dtype, compile)
         self.next_pos = query_mask.long().sum(-1, keepdim=True)  # position of the first generated token
         self.t = 0
 
@@ -214,13 +245,7 @@ class StaticDecoderStepper(_StaticStepper):
         buffers = {"tokens": self._buffer(self.batch, 1), "positions": self._buffer(self.batch, 1),
                    "attn": self._buffer(self.batch, capacity, fill=1)}
         return _StepState(StaticCache(config=self.model.config, max_cache_len=capacity), buffers,
-                          capture=self.query_ids.device.type == "cuda")
-
-    def _forward(self, **inputs) -> torch.Tensor:
-        with _autocast(self.model, self.autocast_dtype):
-            out = self.model(attention_mask=self.state.buffers["attn"], cache=self.state.cache, use_cache=True,
-                             **inputs)
-        return out.logits[:, -1]
+                          capture=self.query_ids.device.type == "cuda", compile=self.compile)
 
     def prefill(self) -> torch.Tensor:
         state = self.state
@@ -230,15 +255,15 @@ class StaticDecoderStepper(_StaticStepper):
         state.buffers["attn"][:, : self.tq].copy_(self.query_mask)
         state.buffers["attn"][:, self.tq:].fill_(1)
         extra = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
-        return self._forward(input_ids=self.query_ids, position_ids=position_ids_from_mask(self.query_mask),
-                             **extra).clone()
+        return _decoder_forward(self.model, state, self.autocast_dtype, input_ids=self.query_ids,
+                                position_ids=position_ids_from_mask(self.query_mask), **extra).clone()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         buffers = self.state.buffers
         buffers["tokens"].copy_(tokens[:, None])
         torch.add(self.next_pos, self.t, out=buffers["positions"])
         self.t += 1
-        return self.state.run(lambda: self._forward(input_ids=buffers["tokens"], position_ids=buffers["positions"]))
+        return self.state.run(decoder_step, self.model, self.autocast_dtype)
 
 
 class StaticSeq2SeqStepper(_StaticStepper):
@@ -257,17 +282,7 @@ class StaticSeq2SeqStepper(_StaticStepper):
                                     StaticCache(config=self.model.config, max_cache_len=self.bucket))
         buffers = {"tokens": self._buffer(self.batch, 1), "encoder_mask": self._buffer(self.batch, self.bucket),
                    "decoder_mask": self._buffer(self.batch, capacity, fill=1)}
-        return _StepState(cache, buffers, capture=self.query_ids.device.type == "cuda")
-
-    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        from transformers.modeling_outputs import BaseModelOutput
-
-        buffers = self.state.buffers
-        with _autocast(self.model, self.autocast_dtype):
-            out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=buffers["encoder"]),
-                             attention_mask=buffers["encoder_mask"], decoder_input_ids=tokens,
-                             decoder_attention_mask=buffers["decoder_mask"], cache=self.state.cache, use_cache=True)
-        return out.logits[:, -1]
+        return _StepState(cache, buffers, capture=self.query_ids.device.type == "cuda", compile=self.compile)
 
     def prefill(self) -> torch.Tensor:
         state, buffers = self.state, self.state.buffers
@@ -286,9 +301,41 @@ class StaticSeq2SeqStepper(_StaticStepper):
         buffers["encoder_mask"][:, : self.tq].copy_(self.query_mask)
         start = torch.full((self.query_ids.shape[0], 1), decoder_start_id(self.model), dtype=torch.long,
                            device=self.query_ids.device)
-        return self._forward(start).clone()  # eager: this step fills the cross-attention cache
+        # eager: this step fills the cross-attention cache
+        return _seq2seq_forward(self.model, state, self.autocast_dtype, start).clone()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         buffers = self.state.buffers
         buffers["tokens"].copy_(tokens[:, None])
-        return self.state.run(lambda: self._forward(buffers["tokens"]))
+        return self.state.run(seq2seq_step, self.model, self.autocast_dtype)
+
+
+# The forwards of both kinds of model over a step state. Functions of the model and the state, not methods of a
+# stepper (one per rollout): a step compiled once serves every rollout of its shape.
+def _decoder_forward(model, state: _StepState, autocast_dtype, **inputs) -> torch.Tensor:
+    with _autocast(model, autocast_dtype):
+        out = model(attention_mask=state.buffers["attn"], cache=state.cache, use_cache=True, **inputs)
+    return out.logits[:, -1]
+
+
+def decoder_step(model, state: _StepState, autocast_dtype) -> torch.Tensor:
+    """One decoding step of a decoder-only model: the token and position in ``state.buffers``."""
+    buffers = state.buffers
+    return _decoder_forward(model, state, autocast_dtype, input_ids=buffers["tokens"],
+                            position_ids=buffers["positions"])
+
+
+def _seq2seq_forward(model, state: _StepState, autocast_dtype, tokens: torch.Tensor) -> torch.Tensor:
+    from transformers.modeling_outputs import BaseModelOutput
+
+    buffers = state.buffers
+    with _autocast(model, autocast_dtype):
+        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=buffers["encoder"]),
+                    attention_mask=buffers["encoder_mask"], decoder_input_ids=tokens,
+                    decoder_attention_mask=buffers["decoder_mask"], cache=state.cache, use_cache=True)
+    return out.logits[:, -1]
+
+
+def seq2seq_step(model, state: _StepState, autocast_dtype) -> torch.Tensor:
+    """One decoding step of an encoder-decoder model: the token in ``state.buffers``."""
+    return _seq2seq_forward(model, state, autocast_dtype, state.buffers["tokens"])

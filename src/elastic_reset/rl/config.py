@@ -134,6 +134,11 @@ class SamplingConfig(Section):
     cache, masked). The steps read copies of the linear weights in the autocast dtype (LoRA merged, see
     ``merge_lora``), kept across rollouts and refreshed in place: one more such copy of the model in memory. Off a
     GPU the same static steps run eagerly, without a graph (how the tests check them here)."""
+    compile: bool = False
+    """With ``cuda_graphs``: each decoding step is compiled by ``torch.compile`` (inductor; on a GPU it needs
+    triton) before it is captured, so the graph replays fused kernels: a step of a small model is bound by how many
+    kernels it runs, even replayed (BENCHMARKS.md, issue 40). The first rollout of each shape (batch, prompt bucket)
+    pays the compilation, tens of seconds. The log-probs agree with the uncompiled steps' to rounding."""
 
     def __post_init__(self) -> None:
         # Checked here, not in the field types, so that the sampler's direct users get the same errors as a run's
@@ -149,7 +154,7 @@ class SamplingConfig(Section):
             value = getattr(self, name)
             need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
                  "expected a finite number")
-        for name in ("stop_at_eos", "merge_lora", "cuda_graphs"):
+        for name in ("stop_at_eos", "merge_lora", "cuda_graphs", "compile"):
             need(isinstance(getattr(self, name), bool), name, "expected true or false")
         need(self.max_new_tokens >= 1, "max_new_tokens", "expected >= 1")
         need(0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens",
@@ -157,6 +162,8 @@ class SamplingConfig(Section):
         need(self.temperature > 0, "temperature", "expected > 0")
         need(self.top_k >= 0, "top_k", "expected >= 0 (0: off)")
         need(0 < self.top_p <= 1, "top_p", "expected in (0, 1] (1: off)")
+        need(not self.compile or self.cuda_graphs, "compile", "needs sampling.cuda_graphs: true (it compiles the "
+             "static decoding steps)")
 
 
 @dataclass

@@ -180,11 +180,11 @@ class _Seq2SeqStepper:
         return out.logits[:, -1]
 
 
-def _stepper(model, query_ids, query_mask, max_new_tokens, autocast_dtype, static: bool):
+def _stepper(model, query_ids, query_mask, max_new_tokens, autocast_dtype, static: bool, compile: bool):
     if static:
         cls = StaticSeq2SeqStepper if is_encoder_decoder(model) else StaticDecoderStepper
-    else:
-        cls = _Seq2SeqStepper if is_encoder_decoder(model) else _DecoderStepper
+        return cls(model, query_ids, query_mask, max_new_tokens, autocast_dtype, compile)
+    cls = _Seq2SeqStepper if is_encoder_decoder(model) else _DecoderStepper
     return cls(model, query_ids, query_mask, max_new_tokens, autocast_dtype)
 
 
@@ -254,9 +254,9 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
                                                         merge_lora=config.merge_lora))
             stack.enter_context(precast_weights(m, autocast_dtype, trainable=True, skip=packed))
         stack.enter_context(torch.inference_mode())
-        policy = _stepper(model, query_ids, query_mask, max_new, autocast_dtype, static)
+        policy = _stepper(model, query_ids, query_mask, max_new, autocast_dtype, static, config.compile)
         masker = None if mask_model is None else _stepper(mask_model, query_ids, query_mask, max_new,
-                                                          autocast_dtype, static)
+                                                          autocast_dtype, static, config.compile)
         tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
         active_mask = torch.zeros(batch, max_new, dtype=torch.bool, device=device)
         logprobs = torch.zeros(batch, max_new, dtype=torch.float32, device=device)
