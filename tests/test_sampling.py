@@ -871,16 +871,18 @@ def test_a_static_step_has_no_host_sync(arch):
 
 
 def test_compiled_static_steps_sample_what_uncompiled_ones_do_compiled_once_and_reading_updated_weights(monkeypatch):
-    """sampling.compile: inductor's step (here its CPU code) samples the very tokens of the uncompiled static step; a
-    later rollout of the same shape, after an in-place update of every weight, compiles nothing new and reads the
-    new weights."""
+    """sampling.compile: inductor's step (here its CPU code) samples the very tokens of the uncompiled static step,
+    both multiplying by the kept merged LoRA weights; a later rollout of the same shape, after an in-place update of
+    every weight, compiles nothing new and reads the new weights (the kept copies refreshed in place)."""
     from torch._dynamo.utils import counters
 
     from elastic_reset.lm import static_decoding
 
-    model = make_model("llama", eos_bias=2.0)
+    peft = pytest.importorskip("peft")
+    model = add_lora(make_model("llama", eos_bias=2.0), peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                                        target_modules=["q_proj", "v_proj"])).eval()
     ids, mask = prompts("llama", [3, 7, 5])
-    settings = dict(max_new_tokens=8, min_new_tokens=1, cuda_graphs=True)
+    settings = dict(max_new_tokens=8, min_new_tokens=1, cuda_graphs=True, merge_lora=True)
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
     compiled, plain = run(model, ids, mask, compile=True, **settings), run(model, ids, mask, **settings)
