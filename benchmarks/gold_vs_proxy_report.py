@@ -2,13 +2,18 @@
 
     .venv/bin/python benchmarks/gold_vs_proxy_report.py runs/gold_vs_proxy results/gold_vs_proxy
 
-Reads ``GRID/<proxy>/<method>/seed<i>/`` (``benchmarks/gold_vs_proxy.sh``: proxy ``rm`` or ``am``) and writes into
+Reads the finished runs ``GRID/<proxy>/<method>/seed<i>/`` (``benchmarks/gold_vs_proxy.sh``: proxy ``rm`` or ``am``;
+a cell still training is left out, and named) and writes into
 RESULTS ``summary.json`` (per proxy and method, mean ± SE over seeds of each run's measures below, and the gold's
 Gao fit), ``gold_vs_proxy_<proxy>.png`` and ``verdict.md``.
 
 Per run, from its evaluations on the 64 held-out IMDB prompts (every 5 iterations, step 0 included):
 - ``peak_gold``: the highest ``eval/gold`` (the gold's P(positive)) over the run; ``final_gold``: at the last step;
 - ``drop``: ``peak_gold − final_gold``, the gold lost after its peak (over-optimisation);
+- ``proxy_drop``: the same for the proxy's score (``eval/reward``), reported beside ``drop`` and not used by the
+  rules (added after the first cell, before any verdict: under an adaptive KL the gold can fall after its peak
+  because the controller pulls the policy back, and then the proxy falls with it: a gold drop with no proxy drop is
+  over-optimisation, one with it is not);
 - ``final_perplexity`` (held-out reviews), ``final_kl`` (to the initial policy), ``final_win_rate`` (the gold
   prefers the policy's continuation to the initial policy's), ``final_forget_win_rate`` (the same on WikiText-2
   openings, the forget set) and ``final_forget_kl`` (the KL to the initial policy on the forget set).
@@ -42,13 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
+from elastic_reset.compare import DONE
 from elastic_reset.evaluation.figures import plot_gold_vs_proxy
 from elastic_reset.evaluation.overoptimisation import gold_vs_proxy
 from elastic_reset.evaluation.runs import find_run_dirs, group_runs, load_run
 from elastic_reset.io import read_metrics
 
 PROXIES = ("rm", "am")
-MEASURES = ("peak_gold", "final_gold", "drop", "final_perplexity", "final_kl", "final_win_rate",
+MEASURES = ("peak_gold", "final_gold", "drop", "proxy_drop", "final_perplexity", "final_kl", "final_win_rate",
             "final_forget_win_rate", "final_forget_kl")
 DROP_FLOOR = 0.02
 
@@ -57,7 +63,9 @@ def run_measures(run_dir: Path) -> dict[str, float]:
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/gold" in r]
     last = evals[-1]
     peak = max(r["eval/gold"] for r in evals)
+    proxy_peak = max(r["eval/reward"] for r in evals)
     return {"peak_gold": peak, "final_gold": last["eval/gold"], "drop": peak - last["eval/gold"],
+            "proxy_drop": proxy_peak - last["eval/reward"],
             "final_perplexity": last["eval/perplexity"], "final_kl": last["eval/kl_init"],
             "final_win_rate": last["eval/win_rate"], "final_forget_win_rate": last["eval_forget/win_rate"],
             "final_forget_kl": last["eval_forget/kl_init"]}
@@ -74,7 +82,13 @@ def summarize(grid: Path) -> dict:
     for proxy in PROXIES:
         if not (grid / proxy).is_dir():
             continue
-        dirs = find_run_dirs(grid / proxy)
+        found = find_run_dirs(grid / proxy)
+        dirs = [d for d in found if (d / DONE).is_file()]  # a cell still training would pull the means down
+        if len(dirs) < len(found):
+            print(f"{proxy}: {len(found) - len(dirs)} unfinished run(s) left out: "
+                  f"{', '.join(str(d) for d in found if d not in dirs)}", file=sys.stderr)
+        if not dirs:
+            continue
         runs = {d: run_measures(d) for d in dirs}
         gold = group_runs([load_run(d, score="gold_log_odds", drift="kl_init") for d in dirs])
         proxy_runs = group_runs([load_run(d, score="reward", drift="kl_init") for d in dirs])
@@ -102,7 +116,9 @@ def fmt(entry: dict, digits: int = 3) -> str:
 
 
 def claim(wins: int, losses: int, total: int) -> str:
-    if total and wins == total:
+    if not total:
+        return "is not judged (a method it compares has no finished run)"
+    if wins == total:
         return "holds"
     return "holds in part" if wins and not losses else "does not hold"
 
@@ -142,6 +158,7 @@ def verdict_b(summary: dict) -> tuple[str, list[str]]:
         less += greater(rm[kl]["drop"], am[kl]["drop"])
         more += greater(am[kl]["drop"], rm[kl]["drop"])
         lines.append(f"- {kl}: gold drop after its peak, AM {fmt(am[kl]['drop'])} vs RM {fmt(rm[kl]['drop'])}; "
+                     f"the proxy's own drop AM {fmt(am[kl]['proxy_drop'])} vs RM {fmt(rm[kl]['proxy_drop'])}; "
                      f"peak gold AM {fmt(am[kl]['peak_gold'])} vs RM {fmt(rm[kl]['peak_gold'])}")
     if total and all(rm[kl]["drop"]["mean"] < DROP_FLOOR for kl in ("kl", "kl_small") if kl in rm):
         return "is not testable here (no RM run over-optimises: mean drop below 0.02)", lines

@@ -35,13 +35,14 @@ def test_greater_is_two_standard_errors_of_the_difference(report):
 
 def test_run_measures_take_the_peak_and_the_last_evaluation(report, tmp_path):
     rows = [{"step": 1, "train/loss": 0.3}]  # a training row without evaluations is skipped
-    for step, gold in ((0, 0.40), (5, 0.90), (10, 0.70)):
-        rows.append({"step": step, "eval/gold": gold, "eval/perplexity": 40 + step, "eval/kl_init": step / 2,
+    for step, gold, proxy in ((0, 0.40, -1.0), (5, 0.90, 1.5), (10, 0.70, 0.5)):
+        rows.append({"step": step, "eval/gold": gold, "eval/reward": proxy, "eval/perplexity": 40 + step,
+                     "eval/kl_init": step / 2,
                      "eval/win_rate": 0.5 + step / 100, "eval_forget/win_rate": 0.5, "eval_forget/kl_init": step})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     m = report.run_measures(tmp_path)
     assert m["peak_gold"] == 0.90 and m["final_gold"] == 0.70
-    assert m["drop"] == pytest.approx(0.20)
+    assert m["drop"] == pytest.approx(0.20) and m["proxy_drop"] == pytest.approx(1.0)
     assert (m["final_perplexity"], m["final_kl"], m["final_forget_kl"]) == (50, 5.0, 10)
 
 
@@ -88,3 +89,9 @@ def test_verdict_c_judges_the_tax_at_equal_gold_by_perplexity_or_forget_kl(repor
     assert report.verdict_c(grid(final_gold=0.6, final_perplexity=50, final_forget_kl=4))[0] == "does not hold"
     assert report.verdict_c(grid(final_perplexity=70, final_forget_kl=12))[0] == "does not hold"
     assert report.verdict_c(grid(final_perplexity=60, final_forget_kl=8))[0] == "does not hold"
+
+
+def test_a_grid_without_the_methods_a_verdict_compares_is_not_judged(report):
+    partial = {"rm": {"kl": method(report)}}
+    for verdict in (report.verdict_a, report.verdict_b, report.verdict_c):
+        assert verdict(partial)[0].startswith("is not judged")
