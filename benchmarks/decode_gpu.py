@@ -74,9 +74,10 @@ def ours(model, ids, mask, dtype, tokens: int = N, **kw):
 MODES = {"eager": {}, "graphs": {"cuda_graphs": True}, "compiled": {"cuda_graphs": True, "compile": True}}
 
 
-def replay_ms(model, batch: int, dtype, compiled: bool, device: str, reps: int = 50) -> float | None:
-    """A captured step's own time: its graph replayed ``reps`` times back to back (no sampling or host work between
-    steps). None off CUDA, where nothing is captured."""
+def replay_ms(model, batch: int, dtype, compiled: bool, device: str) -> float | None:
+    """A captured step's own time: its graph replayed N times back to back (no sampling or host work between steps),
+    from the cache's first generated position, since each replay advances the write position the graph holds. None
+    off CUDA, where nothing is captured."""
     from elastic_reset.lm import static_decoding
 
     held = static_decoding._STATES.get(model)
@@ -84,12 +85,21 @@ def replay_ms(model, batch: int, dtype, compiled: bool, device: str, reps: int =
     state = held[1].get(key) if held else None
     if state is None or state.graph is None:
         return None
+    layers = static_decoding._layers(state.cache)
+    with torch.inference_mode():  # the cache's tensors were made under it
+        saved = [layer.cumulative_length.clone() for layer in layers]
+        for layer in layers:
+            layer.cumulative_length.fill_(static_decoding._bucket(TQ))
     sync(device)
     t = time.perf_counter()
-    for _ in range(reps):
+    for _ in range(N):
         state.graph.replay()
     sync(device)
-    return (time.perf_counter() - t) / reps * 1e3
+    elapsed = (time.perf_counter() - t) / N * 1e3
+    with torch.inference_mode():
+        for layer, position in zip(layers, saved):
+            layer.cumulative_length.copy_(position)
+    return elapsed
 
 
 def part_graphs(model, device: str) -> None:
