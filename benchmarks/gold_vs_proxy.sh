@@ -23,6 +23,9 @@
 #   elastic_reset  the authors' settings as imdb_grid.sh: beta 0.001 (target 1.0), EMA reference, reset every 17
 #   selective_rehearsal  kl + Selective Rehearsal (gamma 0.01, 256 candidates, 8 clusters x top 4 by the proxy)
 #   er_sr        elastic_reset + the same rehearsal
+#   sr_large     selective_rehearsal with 2,048 candidates, 32 clusters x top 8 (256 rehearsed examples): a second
+#                arm pre-registered on 2026-11-26 after seed 0 showed the 32-example set memorised, before any of its
+#                cells ran; it runs after the main grid and has its own verdict, (c') (gold_vs_proxy_report.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${STAGES:-pairs proxies learning grid report}
@@ -113,6 +116,15 @@ if has grid; then
       $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
         --methods kl,kl_small=kl,elastic_reset,selective_rehearsal,er_sr=elastic_reset \
         "${sets[@]}" --method-set kl_small:kl.coef=0.01 --method-set er_sr:rehearsal.coef=0.01 \
+        --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
+    done
+    collect_cells "$GRID" "$RESULTS"
+  done
+  for n in $(seq 1 "$SEEDS"); do  # the pre-registered larger rehearsal set, once the main grid is done
+    for kind in rm am; do
+      $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
+        --methods sr_large=selective_rehearsal --method-set sr_large:rehearsal.prompts=2048 \
+        --method-set sr_large:rehearsal.clusters=32 --method-set sr_large:rehearsal.top_k=8 \
         --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
     done
     collect_cells "$GRID" "$RESULTS"

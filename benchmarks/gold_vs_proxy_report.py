@@ -36,6 +36,12 @@ difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so)
     rate instead of its KL, but in the learning run that win rate rose with the drift (0.50 -> 1.00 in 20
     iterations while the held-out perplexity went 41 -> 92): a sentiment gold prefers the more positive Wikipedia
     continuation too, so there it measures the reward's transfer, not what was forgotten. It is still reported.
+(c') Pre-registered on 2026-11-26 (session 34), after seed 0 of the grid and before any run of the arm: seed 0
+    showed ``selective_rehearsal``'s 32-example set memorised (its NLL 3.40 -> 0.25 nats a token, the drift above
+    ``kl``'s), so a second arm, ``sr_large`` (2,048 candidates, 32 clusters x top 8: 256 examples, each rehearsed
+    under once in 50 iterations at 4 a step), asks whether a set the policy cannot memorise lowers the tax. The
+    rule of (c) for the pair ``sr_large`` vs ``kl``, per proxy: *holds* when it wins with both proxies, *in part*
+    when it wins once and never loses, *does not hold* otherwise. (c) is judged as registered, unchanged by (c').
 """
 
 from __future__ import annotations
@@ -165,11 +171,17 @@ def verdict_b(summary: dict) -> tuple[str, list[str]]:
     return claim(less, more, total), lines
 
 
-def verdict_c(summary: dict) -> tuple[str, list[str]]:
+SR_PAIRS = (("selective_rehearsal", "kl"), ("er_sr", "elastic_reset"))
+"""(c)'s pairs: rehearsal's arm, the method it is added to."""
+SR_LARGE_PAIRS = (("sr_large", "kl"),)
+"""(c')'s pair: the larger rehearsal set, pre-registered after seed 0."""
+
+
+def verdict_c(summary: dict, pairs: tuple = SR_PAIRS) -> tuple[str, list[str]]:
     wins = losses = total = 0
     lines = []
     for proxy, methods in summary.items():
-        for sr, base_name in (("selective_rehearsal", "kl"), ("er_sr", "elastic_reset")):
+        for sr, base_name in pairs:
             a, b = methods.get(sr), methods.get(base_name)
             if a is None or b is None:
                 continue
@@ -198,7 +210,9 @@ def verdict(summary: dict) -> str:
              verdict_a(summary)),
             ("(b) PPO against the Advantage Model over-optimises less than against the reward model",
              verdict_b(summary)),
-            ("(c) Selective Rehearsal lowers the alignment tax at equal gold", verdict_c(summary))):
+            ("(c) Selective Rehearsal lowers the alignment tax at equal gold", verdict_c(summary)),
+            ("(c') ... with a rehearsal set it cannot memorise (256 of 2,048 candidates; pre-registered after seed 0)",
+             verdict_c(summary, SR_LARGE_PAIRS))):
         lines += [f"**{title}: {outcome}.**", "", *rows, ""]
     return "\n".join(lines)
 

@@ -91,6 +91,19 @@ def test_verdict_c_judges_the_tax_at_equal_gold_by_perplexity_or_forget_kl(repor
     assert report.verdict_c(grid(final_perplexity=60, final_forget_kl=8))[0] == "does not hold"
 
 
+def test_verdict_c_prime_judges_the_larger_rehearsal_set_alone(report):
+    kl = method(report, final_gold=0.8, final_perplexity=60, final_forget_kl=8)
+    small = method(report, final_gold=0.8, final_perplexity=90, final_forget_kl=20)  # memorised: more tax
+    large = method(report, final_gold=0.8, final_perplexity=50, final_forget_kl=8)
+    grid = {"rm": {"kl": kl, "selective_rehearsal": small, "sr_large": large},
+            "am": {"kl": kl, "selective_rehearsal": small, "sr_large": large}}
+    assert report.verdict_c(grid, report.SR_LARGE_PAIRS)[0] == "holds"
+    assert report.verdict_c(grid)[0] == "does not hold"  # (c) unchanged by the second arm
+    grid["am"]["sr_large"] = small
+    assert report.verdict_c(grid, report.SR_LARGE_PAIRS)[0] == "does not hold"
+    assert "(c')" in report.verdict(grid)
+
+
 def test_a_grid_without_the_methods_a_verdict_compares_is_not_judged(report):
     partial = {"rm": {"kl": method(report)}}
     for verdict in (report.verdict_a, report.verdict_b, report.verdict_c):
