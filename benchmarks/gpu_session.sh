@@ -4,9 +4,10 @@
 # H100 (session 32) tests took ~30 s, decode over 80 s, trl ~60 s a row pair, jobs 70-100 s an N at 60 iterations;
 # with the time limits below, one call holds four stages (310 s):
 #   STAGES="tests decode trl jobs" T_TESTS=150 T_DECODE=80 T_TRL=95 T_JOBS=70 bash benchmarks/gpu_session.sh
-# The next lease, for the merged weights and the compiled steps (each compilation tens of seconds; compiled rows
-# first, so a time limit cuts the rows already measured): one call of at most 10 minutes,
-#   STAGES="tests decode trl" T_TESTS=120 T_DECODE=220 T_TRL=110 bash benchmarks/gpu_session.sh
+# Session 34 measured the merged weights and the compiled steps in one call (tests 40 s, decode ~150 s, trl three
+# modes ~80 s each: 291 s) of
+#   STAGES="tests decode trl" T_TESTS=80 T_DECODE=190 T_TRL=95 bash benchmarks/gpu_session.sh
+# The next lease: time to a held-out reward (ttr, below: two calls, ~9 min of the 15).
 # Each call carries .whl (git-ignored through .git/info/exclude), made here once:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
