@@ -19,7 +19,9 @@ Per run, from its evaluations on the 64 held-out IMDB prompts (every 5 iteration
   openings, the forget set) and ``final_forget_kl`` (the KL to the initial policy on the forget set).
 
 Rules (written before the grid; "A > B" means A's mean exceeds B's by more than 2 standard errors of the
-difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so):
+difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so; a method enters a comparison only with
+2 finished seeds or more, added before any verdict so that a partial grid's report judges nothing: with one seed
+the SE is 0 and any difference would pass):
 (a) Elastic Reset against PPO + KL (``kl``: β 0.1, ``kl_small``: β 0.01), per proxy: ER *wins* against a β when
     peak_gold(ER) > peak_gold(KL), or when peak_gold(ER) ≈ peak_gold(KL) and ER's final perplexity and final KL
     are both lower (>) than KL's. ER *loses* when the reverse holds. The claim *holds* when ER wins against both β
@@ -63,6 +65,9 @@ PROXIES = ("rm", "am")
 MEASURES = ("peak_gold", "final_gold", "drop", "proxy_drop", "final_perplexity", "final_kl", "final_win_rate",
             "final_forget_win_rate", "final_forget_kl")
 DROP_FLOOR = 0.02
+MIN_SEEDS = 2
+"""A method enters a comparison with at least this many finished seeds: with one, its standard error is 0 and any
+difference would pass the 2-SE rule (a partial grid's report judges nothing it cannot)."""
 
 
 def run_measures(run_dir: Path) -> dict[str, float]:
@@ -121,9 +126,15 @@ def fmt(entry: dict, digits: int = 3) -> str:
     return f"{entry['mean']:.{digits}f} ± {entry['se']:.{digits}f}"
 
 
+def judged(methods: dict, name: str) -> dict | None:
+    """``name``'s summary when it has :data:`MIN_SEEDS` finished seeds, else None (left out of the verdicts)."""
+    entry = methods.get(name)
+    return entry if entry is not None and len(entry["seeds"]) >= MIN_SEEDS else None
+
+
 def claim(wins: int, losses: int, total: int) -> str:
     if not total:
-        return "is not judged (a method it compares has no finished run)"
+        return f"is not judged (a method it compares has fewer than {MIN_SEEDS} finished seeds)"
     if wins == total:
         return "holds"
     return "holds in part" if wins and not losses else "does not hold"
@@ -133,9 +144,9 @@ def verdict_a(summary: dict) -> tuple[str, list[str]]:
     wins = losses = total = 0
     lines = []
     for proxy, methods in summary.items():
-        er = methods.get("elastic_reset")
+        er = judged(methods, "elastic_reset")
         for kl in ("kl", "kl_small"):
-            base = methods.get(kl)
+            base = judged(methods, kl)
             if er is None or base is None:
                 continue
             total += 1
@@ -158,7 +169,7 @@ def verdict_b(summary: dict) -> tuple[str, list[str]]:
     rm, am = summary.get("rm", {}), summary.get("am", {})
     lines, less, more, total = [], 0, 0, 0
     for kl in ("kl", "kl_small"):
-        if kl not in rm or kl not in am:
+        if judged(rm, kl) is None or judged(am, kl) is None:
             continue
         total += 1
         less += greater(rm[kl]["drop"], am[kl]["drop"])
@@ -182,7 +193,7 @@ def verdict_c(summary: dict, pairs: tuple = SR_PAIRS) -> tuple[str, list[str]]:
     lines = []
     for proxy, methods in summary.items():
         for sr, base_name in pairs:
-            a, b = methods.get(sr), methods.get(base_name)
+            a, b = judged(methods, sr), judged(methods, base_name)
             if a is None or b is None:
                 continue
             total += 1

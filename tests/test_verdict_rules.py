@@ -108,3 +108,15 @@ def test_a_grid_without_the_methods_a_verdict_compares_is_not_judged(report):
     partial = {"rm": {"kl": method(report)}}
     for verdict in (report.verdict_a, report.verdict_b, report.verdict_c):
         assert verdict(partial)[0].startswith("is not judged")
+
+
+def test_a_method_with_one_finished_seed_is_not_judged(report):
+    one = {"seeds": [0], **{m: entry(0.5, se=0.0) for m in report.MEASURES}}
+    better = {"seeds": [0], **{m: entry(0.9, se=0.0) for m in report.MEASURES}}
+    grid = {"rm": {"kl": one, "kl_small": one, "elastic_reset": better, "selective_rehearsal": better},
+            "am": {"kl": one, "kl_small": one}}
+    for verdict in (report.verdict_a, report.verdict_b, report.verdict_c):
+        assert verdict(grid)[0].startswith("is not judged")
+    for m in ("kl", "kl_small", "elastic_reset"):
+        grid["rm"][m] = {**grid["rm"][m], "seeds": [0, 1]}
+    assert report.verdict_a(grid)[0] == "holds"
