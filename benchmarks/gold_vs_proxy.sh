@@ -111,24 +111,20 @@ if has grid; then
     same_build "$(proxy "$N_LARGE" $kind)/reward_model.json" "$RESULTS/proxy-$kind.json" metrics.test.log_loss
   done
   restore_cells "$RESULTS" "$GRID"
-  for n in $(seq 1 "$SEEDS"); do
-    for kind in rm am; do
-      $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
-        --methods kl,kl_small=kl,elastic_reset,selective_rehearsal,er_sr=elastic_reset \
-        "${sets[@]}" --method-set kl_small:kl.coef=0.01 --method-set er_sr:rehearsal.coef=0.01 \
-        --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
+  grid_seeds() {  # seed by seed, both proxies: compare with the methods and settings given, then keep the cells
+    for n in $(seq 1 "$SEEDS"); do
+      for kind in rm am; do
+        $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
+          "$@" --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
+      done
+      collect_cells "$GRID" "$RESULTS"
     done
-    collect_cells "$GRID" "$RESULTS"
-  done
-  for n in $(seq 1 "$SEEDS"); do  # the pre-registered larger rehearsal set, once the main grid is done
-    for kind in rm am; do
-      $ER compare configs/imdb_gold.yaml --out "$GRID/$kind" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
-        --methods sr_large=selective_rehearsal --method-set sr_large:rehearsal.prompts=2048 \
-        --method-set sr_large:rehearsal.clusters=32 --method-set sr_large:rehearsal.top_k=8 \
-        --set "task.options.reward_model=$(proxy "$N_LARGE" $kind)" --set progress=false
-    done
-    collect_cells "$GRID" "$RESULTS"
-  done
+  }
+  grid_seeds --methods kl,kl_small=kl,elastic_reset,selective_rehearsal,er_sr=elastic_reset \
+    "${sets[@]}" --method-set kl_small:kl.coef=0.01 --method-set er_sr:rehearsal.coef=0.01
+  # the pre-registered larger rehearsal set, once the main grid is done
+  grid_seeds --methods sr_large=selective_rehearsal --method-set sr_large:rehearsal.prompts=2048 \
+    --method-set sr_large:rehearsal.clusters=32 --method-set sr_large:rehearsal.top_k=8
 fi
 
 if has report; then
