@@ -177,7 +177,7 @@ def verdict_b(summary: dict) -> tuple[str, list[str]]:
         lines.append(f"- {kl}: gold drop after its peak, AM {fmt(am[kl]['drop'])} vs RM {fmt(rm[kl]['drop'])}; "
                      f"the proxy's own drop AM {fmt(am[kl]['proxy_drop'])} vs RM {fmt(rm[kl]['proxy_drop'])}; "
                      f"peak gold AM {fmt(am[kl]['peak_gold'])} vs RM {fmt(rm[kl]['peak_gold'])}")
-    if total and all(rm[kl]["drop"]["mean"] < DROP_FLOOR for kl in ("kl", "kl_small") if kl in rm):
+    if total and all(rm[kl]["drop"]["mean"] < DROP_FLOOR for kl in ("kl", "kl_small") if judged(rm, kl)):
         return "is not testable here (no RM run over-optimises: mean drop below 0.02)", lines
     return claim(less, more, total), lines
 
