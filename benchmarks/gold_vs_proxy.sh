@@ -15,7 +15,9 @@
 #             some evaluation (rule fixed before the run); otherwise the grid is not run
 #   grid      5 methods x 2 proxies x SEEDS seeds of configs/imdb_gold.yaml (resumable compare; JOBS cells at once)
 #   report    summary.json, gold_vs_proxy_<proxy>.png and verdict.md (rules: benchmarks/gold_vs_proxy_report.py)
-# Needs the builds of configs/imdb_135m.yaml (imdb-classifier: the gold; imdb-smollm2: the policy).
+# Builds what a stage needs and the cache lacks (a new machine): the gold (imdb-classifier), the policy
+# (imdb-smollm2), the pairs, the proxies; each is checked against the build the committed results used as
+# soon as it is built (grid_cells.sh: same_build), so a rebuild that differs stops the script there.
 #
 # Methods (the issue's list; RLOO rather than PPO as the policy-gradient algorithm, because PPO with a value head
 # did not learn at this scale with the same budget: BENCHMARKS.md, "IMDB at the paper's scale"):
@@ -36,32 +38,53 @@ SEEDS=${SEEDS:-3}
 GRID=${GRID:-runs/gold_vs_proxy}
 RESULTS=${RESULTS:-results/gold_vs_proxy}
 CACHE=$(.venv/bin/python -c "from elastic_reset.models import cache_dir; print(cache_dir())")
-ER=.venv/bin/elastic-reset
+ER=${ER:-.venv/bin/elastic-reset}
 pairs() { echo "$CACHE/gold-pairs/imdb-n$1-t$T-seed0"; }
 proxy() { echo "$CACHE/reward-models/gold-minilm-$2-n$1"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$RESULTS"
+source benchmarks/grid_cells.sh
+
+# What the stages stand on, built only where missing and checked at once against the records of the build the
+# committed results used: the policy's held-out perplexity (the IMDB grid's record: the same build), the pairs'
+# mean gold P(positive) (the policy's samples as the gold scores them), the proxies' test log-loss (at the grid).
+need_policy() {
+  local gold policy
+  gold=$(.venv/bin/python -c "from elastic_reset.models import imdb_classifier_path as p; print(p())")
+  policy=$(.venv/bin/python -c "from elastic_reset.models import imdb_smollm2_path as p; print(p(False))")
+  [ -f "$gold/config.json" ] || $ER build imdb-classifier --data-dir ../shared/data
+  [ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data
+  same_build "$policy/pretrain_metrics.json" results/imdb_135m/policy.json held_out_perplexity
+}
+need_pairs() {  # N
+  if [ ! -f "$(pairs "$1")/pairs.jsonl" ]; then
+    need_policy
+    $ER build gold-pairs --data-dir ../shared/data --n-pairs "$1" --temperature "$T"
+  fi
+  same_build "$(pairs "$1")/metrics.json" "$RESULTS/pairs-n$1.json" gold_p_positive_mean
+}
+need_proxy() {  # N KIND
+  [ -f "$(proxy "$1" "$2")/reward_model.json" ] && return
+  need_pairs "$1"
+  local flag=(); [ "$2" = am ] && flag=(--advantage)
+  $ER reward-model train --backbone minilm --data "$(pairs "$1")/pairs.jsonl" "${flag[@]}" --out "$(proxy "$1" "$2")" \
+    --resume
+}
 
 if has pairs; then
-  for n in "$N_SMALL" "$N_LARGE"; do
-    [ -f "$(pairs "$n")/pairs.jsonl" ] || $ER build gold-pairs --data-dir ../shared/data --n-pairs "$n" --temperature "$T"
-    cp "$(pairs "$n")/metrics.json" "$RESULTS/pairs-n$n.json"
-  done
+  for n in "$N_SMALL" "$N_LARGE"; do need_pairs "$n"; done
 fi
 
 if has proxies; then
   for n in "$N_SMALL" "$N_LARGE"; do
-    for kind in rm am; do
-      [ -f "$(proxy "$n" $kind)/reward_model.json" ] && continue
-      flag=(); [ $kind = am ] && flag=(--advantage)
-      $ER reward-model train --backbone minilm --data "$(pairs "$n")/pairs.jsonl" "${flag[@]}" --out "$(proxy "$n" $kind)" --resume
-    done
+    for kind in rm am; do need_proxy "$n" $kind; done
   done
   .venv/bin/python benchmarks/gold_proxies.py "$RESULTS/proxies.json" \
     "$(proxy "$N_SMALL" rm)" "$(proxy "$N_SMALL" am)" "$(proxy "$N_LARGE" rm)" "$(proxy "$N_LARGE" am)"
 fi
 
 if has learning; then
+  need_proxy "$N_LARGE" rm
   run=$GRID/learning
   [ -f "$run/done" ] || { [ -d "$run" ] && resume=(--resume) || resume=(); \
     $ER train configs/imdb_gold.yaml --out "$run" "${resume[@]}" --set steps=20 --set method.name=none \
@@ -106,8 +129,8 @@ if has grid; then
   done
   # Across sessions (grid_cells.sh): the proxies must be the ones the first cells optimised (a cache rebuilt on
   # another machine trains others), finished cells come back from $RESULTS, and each seed's are kept there.
-  source benchmarks/grid_cells.sh
   for kind in rm am; do
+    need_proxy "$N_LARGE" $kind
     same_build "$(proxy "$N_LARGE" $kind)/reward_model.json" "$RESULTS/proxy-$kind.json" metrics.test.log_loss
   done
   restore_cells "$RESULTS" "$GRID"

@@ -9,10 +9,11 @@
 #                                            machines.jsonl (not its checkpoints) into RESULTS/runs/, same layout
 #   restore_cells RESULTS GRID               cells finished in an earlier session back into GRID, where compare
 #                                            finds them finished and skips them
+# PYTHON: the interpreter same_build runs (default .venv/bin/python).
 
 same_build() {
   mkdir -p "$(dirname "$2")"
-  .venv/bin/python - "$1" "$2" "$3" <<'PY'
+  "${PYTHON:-.venv/bin/python}" - "$1" "$2" "$3" <<'PY'
 import json, shutil, sys
 from pathlib import Path
 built, recorded, key = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

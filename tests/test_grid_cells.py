@@ -1,0 +1,59 @@
+"""What lets a grid span sessions on new machines (``benchmarks/grid_cells.sh``): a rebuilt artefact that differs
+from the one the committed cells used is refused, and only finished cells' small files go into results/ and back."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "grid_cells.sh"
+
+
+def bash(call: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; source {SCRIPT}; {call}"], cwd=cwd, text=True,
+                          capture_output=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_same_build_records_the_first_build_then_accepts_the_same_one(tmp_path):
+    built = write(tmp_path / "cache/metrics.json", json.dumps({"test": {"log_loss": 0.5717}}))
+    recorded = tmp_path / "results/proxy.json"
+    assert bash(f"same_build {built} {recorded} test.log_loss", tmp_path).returncode == 0
+    assert json.loads(recorded.read_text()) == {"test": {"log_loss": 0.5717}}
+    assert bash(f"same_build {built} {recorded} test.log_loss", tmp_path).returncode == 0
+
+
+def test_same_build_refuses_another_build_and_keeps_the_record(tmp_path):
+    built = write(tmp_path / "cache/metrics.json", json.dumps({"test": {"log_loss": 0.5718}}))
+    recorded = write(tmp_path / "results/proxy.json", json.dumps({"test": {"log_loss": 0.5717}}))
+    done = bash(f"same_build {built} {recorded} test.log_loss", tmp_path)
+    assert done.returncode != 0
+    assert f"{built}: test.log_loss 0.571800, but this grid's build had 0.571700 ({recorded})" in done.stderr
+    assert json.loads(recorded.read_text()) == {"test": {"log_loss": 0.5717}}
+
+
+def test_cells_go_to_results_without_checkpoints_and_come_back_only_where_missing(tmp_path):
+    grid, results, grid2 = tmp_path / "runs/grid", tmp_path / "results/grid", tmp_path / "runs/grid2"
+    finished = grid / "rm/kl/seed0"
+    for name in ("config.yaml", "metrics.jsonl", "label", "task.json", "done", "machines.jsonl"):
+        write(finished / name, name)
+    write(finished / "checkpoints/step50/model.safetensors", "weights")
+    write(grid / "rm/kl/seed1/config.yaml", "running")  # not finished: no done marker
+    assert bash(f"collect_cells {grid} {results}", tmp_path).returncode == 0
+    kept = results / "runs/rm/kl/seed0"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(
+        ["config.yaml", "metrics.jsonl", "label", "task.json", "done", "machines.jsonl"])
+    assert not (results / "runs/rm/kl/seed1").exists()
+
+    write(grid2 / "rm/kl/seed0/config.yaml", "this session's own")  # a cell already there is not overwritten
+    assert bash(f"restore_cells {results} {grid2}", tmp_path).returncode == 0
+    assert (grid2 / "rm/kl/seed0/config.yaml").read_text() == "this session's own"
+    assert not (grid2 / "rm/kl/seed0/done").exists()
+    grid3 = tmp_path / "runs/grid3"
+    assert bash(f"restore_cells {results} {grid3}", tmp_path).returncode == 0
+    assert (grid3 / "rm/kl/seed0/done").read_text() == "done"
