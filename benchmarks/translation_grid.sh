@@ -2,8 +2,8 @@
 # The Translation Game's grid (issue 39, part 3; paper §4, Table 1, Appendix A): 7 methods x SEEDS seeds on the
 # agents `elastic-reset build translation-agents` wrote (out of domain, as the paper's). Resumable: run it again
 # after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
-#   AGENTS=~/.cache/elastic_reset/translation-game-adapt8000 STEPS=1000 JOBS=2 THREADS=1 \
-#     bash benchmarks/translation_grid.sh       # the CPU budget of the learning check (~25 min an RLOO run alone)
+#   STEPS=1000 JOBS=2 THREADS=1 bash benchmarks/translation_grid.sh
+#     (1,000 updates: the CPU budget of the learning check, ~25 min an RLOO run alone)
 # JOBS=2 THREADS=1: two cells side by side at one torch thread each, ~10-15 % more updates an hour on 2 cores.
 # STEPS: updates per run (the paper's 50k on a GPU; on a CPU a reduced budget, stated with the results). Run the
 # learning check (benchmarks/translation_check.sh) at the same budget first: with no task gain over FROZEN ENGLISH
@@ -32,15 +32,27 @@ STEPS=${STEPS:-2000}
 EVERY=${EVERY:-100}
 LR=${LR:-1e-5}
 RESET=$(( STEPS * 46 / 100 ))
+ER=${ER:-.venv/bin/elastic-reset}
 common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$EVERY" --set eval.num_prompts=1014
         --set sampling.min_new_tokens=3 --set progress=false --set method.reset_every="$RESET"
         --set algo.name=rloo --set algo.prompts_per_step=16 --set algo.samples_per_prompt=4
         --set algo.minibatch_size=32 --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9
         --set algo.max_grad_norm=0.1 --set algo.entropy_coef=0 --set algo.lr="$LR")
 if [ -n "${THREADS:-}" ]; then common+=(--set "threads=$THREADS"); fi
-# AGENTS: another build's folder (`build translation-agents --out DIR`); default: the cache's.
+# AGENTS: another build's folder (`build translation-agents --out DIR`); default: issue 39's agents, built here
+# where the cache lacks them (a new machine), as BENCHMARKS.md's "Out-of-domain agents" built them: 4 epochs on
+# Tatoeba (~75 min on the AVX-512 CPU), then adapted on 8,000 lines of Multi30k train (~5 min).
 # The speaker (the policy) and the listener must come from the same build.
-AGENTS=${AGENTS:-$(.venv/bin/python -c "from elastic_reset.models import translation_agents_path as p; print(p())")}
+if [ -z "${AGENTS:-}" ]; then
+  base=$(.venv/bin/python -c "from elastic_reset.models import translation_agents_path as p; print(p(False))")
+  AGENTS=$base-adapt8000
+  if [ ! -f "$AGENTS/build_metrics.json" ]; then
+    [ -f "$base/build_metrics.json" ] || $ER build translation-agents --data-dir ../shared/data --max-epochs 4 \
+      --device cpu --resume
+    $ER build translation-agents --data-dir ../shared/data --adapt "$base" --pretrain-lines 8000 --device cpu \
+      --out "$AGENTS"
+  fi
+fi
 common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en")
 # Across sessions (grid_cells.sh): the agents must be the build the first cells played with, finished cells come
 # back from $RESULTS, and each seed's cells are kept there as they finish.
@@ -48,7 +60,7 @@ source benchmarks/grid_cells.sh
 same_build "$AGENTS/build_metrics.json" "$RESULTS/build_metrics.json" pretrained.val.task_bleu
 restore_cells "$RESULTS" "$GRID"
 for n in $(seq 1 "$SEEDS"); do
-  .venv/bin/elastic-reset compare configs/translation.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
+  $ER compare configs/translation.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" \
     --score task_bleu --drift drift_bleu \
     --methods frozen,reinforce=none,kl_lm=kl,multitask,reset_to_init,reset_to_ema,elastic_reset \
     --method-set frozen:kl.coef=0 --method-set frozen:kl.log_every=0 \
