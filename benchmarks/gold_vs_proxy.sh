@@ -84,6 +84,7 @@ if has proxies; then
 fi
 
 if has learning; then
+  need_policy
   need_proxy "$N_LARGE" rm
   run=$GRID/learning
   [ -f "$run/done" ] || { [ -d "$run" ] && resume=(--resume) || resume=(); \
@@ -129,6 +130,7 @@ if has grid; then
   done
   # Across sessions (grid_cells.sh): the proxies must be the ones the first cells optimised (a cache rebuilt on
   # another machine trains others), finished cells come back from $RESULTS, and each seed's are kept there.
+  need_policy
   for kind in rm am; do
     need_proxy "$N_LARGE" $kind
     same_build "$(proxy "$N_LARGE" $kind)/reward_model.json" "$RESULTS/proxy-$kind.json" metrics.test.log_loss
