@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-$(mktemp -d)}
+mkdir -p "$WORK"
 ER=.venv/bin/elastic-reset
 for run in a b; do
   export ELASTIC_RESET_CACHE=$WORK/$run
