@@ -50,8 +50,8 @@ source benchmarks/grid_cells.sh
 # mean gold P(positive) (the policy's samples as the gold scores them), the proxies' test log-loss (at the grid).
 need_policy() {
   local gold policy
-  gold=$(.venv/bin/python -c "from elastic_reset.models import imdb_classifier_path as p; print(p())")
-  policy=$(.venv/bin/python -c "from elastic_reset.models import imdb_smollm2_path as p; print(p(False))")
+  { read -r gold; read -r policy; } < <(.venv/bin/python -c "from elastic_reset.models import \
+    imdb_classifier_path as gold, imdb_smollm2_path as policy; print(gold(), policy(False), sep='\n')")
   [ -f "$gold/config.json" ] || $ER build imdb-classifier --data-dir ../shared/data
   [ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data
   same_build "$policy/pretrain_metrics.json" results/imdb_135m/policy.json held_out_perplexity
