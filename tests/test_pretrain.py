@@ -32,6 +32,24 @@ def test_pretraining_learns_the_text_and_writes_a_loadable_folder(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
+@pytest.mark.parametrize("name,folder,marker,command", [
+    ("imdb_policy_path", "imdb-gpt2", "config.json", "build imdb-policy"),
+    ("imdb_smollm2_path", "imdb-smollm2", "config.json", "build imdb-smollm2"),
+    ("translation_agents_path", "translation-game", "fr-en/config.json", "build translation-agents")])
+def test_a_built_model_is_found_in_the_cache_and_a_missing_one_names_its_build_command(tmp_path, monkeypatch, name,
+                                                                                      folder, marker, command):
+    import elastic_reset.models as models
+
+    monkeypatch.setenv("ELASTIC_RESET_CACHE", str(tmp_path))
+    path_of = getattr(models, name)
+    (tmp_path / folder / marker).parent.mkdir(parents=True)  # a folder without the model is not the model
+    with pytest.raises(FileNotFoundError, match=f"elastic-reset {command}"):
+        path_of()
+    assert path_of(required=False) == tmp_path / folder  # where the build writes it
+    (tmp_path / folder / marker).write_text("{}")
+    assert path_of() == tmp_path / folder
+
+
 def test_the_rl_engine_loads_the_built_policy_by_name(tmp_path, monkeypatch):
     from elastic_reset.rl.config import config_from_dict
     from elastic_reset.rl.trainer import RLTrainer

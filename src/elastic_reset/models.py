@@ -7,8 +7,9 @@
 - ``tiny_causal_lm`` / ``byte_tokenizer``: a few-hundred-thousand-parameter model and a 259-token byte-level
   tokenizer for fast tests.
 - The cache: where every model the project builds itself is kept, outside git, one function per artefact
-  (:func:`smollm2_cache_path`, :func:`imdb_classifier_path`, :func:`imdb_policy_path`,
-  :func:`translation_agents_path`, :func:`reward_model_path`), with the command that builds each.
+  (:func:`smollm2_cache_path`, :func:`imdb_classifier_path`, :func:`imdb_policy_path`, :func:`imdb_smollm2_path`,
+  :func:`translation_agents_path`, :func:`gold_pairs_path`, :func:`reward_model_path`), with the command that
+  builds each.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ IMDB_SMOLLM2_BUILD = "elastic-reset build imdb-smollm2 --data-dir ../shared/data
 TRANSLATION_BUILD = "elastic-reset build translation-agents --data-dir ../shared/data"
 
 
+def _built(path: Path, marker: str, required: bool, missing: str) -> Path:
+    """``path``; with ``required``, FileNotFoundError(``missing``) unless ``path / marker`` is there."""
+    if required and not (path / marker).is_file():
+        raise FileNotFoundError(missing)
+    return path
+
+
 def smollm2_cache_path() -> Path:
     """SmolLM2-135M-Instruct rebuilt from its GGUF as a plain folder (:func:`smollm2_path` builds it on first use)."""
     return cache_dir() / "smollm2-135m-instruct"
@@ -58,30 +66,24 @@ def imdb_policy_path(required: bool = True) -> Path:
     """The small GPT-2 pretrained on IMDB train reviews (``model.name: imdb-gpt2``), built by
     ``elastic-reset build imdb-policy``; ``required``: refuse a folder that is not there, naming the command."""
     path = cache_dir() / "imdb-gpt2"
-    if required and not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.name=imdb-gpt2: no pretrained policy at {path}; build it with "
-                                f"`{IMDB_POLICY_BUILD}` (about 15 minutes on a 2-core CPU)")
-    return path
+    return _built(path, "config.json", required, f"model.name=imdb-gpt2: no pretrained policy at {path}; build it "
+                  f"with `{IMDB_POLICY_BUILD}` (about 15 minutes on a 2-core CPU)")
 
 
 def imdb_smollm2_path(required: bool = True) -> Path:
     """SmolLM2-135M-Instruct adapted to IMDB train reviews (``model.name: imdb-smollm2``), built by
     ``elastic-reset build imdb-smollm2``; ``required``: refuse a folder that is not there, naming the command."""
     path = cache_dir() / "imdb-smollm2"
-    if required and not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.name=imdb-smollm2: no adapted policy at {path}; build it with "
-                                f"`{IMDB_SMOLLM2_BUILD}` (BENCHMARKS.md says how long it takes)")
-    return path
+    return _built(path, "config.json", required, f"model.name=imdb-smollm2: no adapted policy at {path}; build it "
+                  f"with `{IMDB_SMOLLM2_BUILD}` (BENCHMARKS.md says how long it takes)")
 
 
 def translation_agents_path(required: bool = True) -> Path:
     """The Translation Game's pretrained agents (``fr-en/``, ``en-de/``, ``en-lm/``), built by
     ``elastic-reset build translation-agents``; ``required``: refuse a folder that is not there."""
     path = cache_dir() / "translation-game"
-    if required and not (path / "fr-en" / "config.json").is_file():
-        raise FileNotFoundError(f"no Translation Game agents at {path}; build them with `{TRANSLATION_BUILD}` "
-                                "(~6 minutes an epoch on a 2-core CPU)")
-    return path
+    return _built(path, "fr-en/config.json", required, f"no Translation Game agents at {path}; build them with "
+                  f"`{TRANSLATION_BUILD}` (6-12 minutes an epoch on a 2-core CPU, by its kind)")
 
 
 def gold_pairs_path(n_pairs: int, temperature: float, seed: int) -> Path:
@@ -99,8 +101,7 @@ def reward_model_path(backbone: str, advantage: bool, data: list[str], seed: int
 
 def cached_model_path(name: str) -> Path | None:
     """The cache folder behind a model name the project builds itself (``imdb-gpt2``, ``imdb-smollm2``,
-    ``translation-fr-en``), or
-    None for any other name."""
+    ``translation-fr-en``), or None for any other name."""
     if name == "imdb-gpt2":
         return imdb_policy_path()
     if name == "imdb-smollm2":
