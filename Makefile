@@ -24,8 +24,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/elastic-reset demo
 
-# -n auto: one pytest worker per physical core (pytest-xdist); each test runs at one torch thread (conftest.py), so
-# two cores finish the suite in ~2/3 of the serial time. A single file runs serially: `pytest tests/test_x.py`.
+# -n auto: one pytest worker (pytest-xdist) per CPU this process may use (tests/conftest.py says how many); each test
+# runs at one torch thread, so two cores finish the suite in ~2/3 of the serial time. `pytest tests/test_x.py` is serial.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto
 

@@ -9,6 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ELASTIC_RESET_DATA", ROOT.parent / "shared" / "data"))
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (``make test``): one worker per CPU this process may run on. xdist's own count is the host's
+    physical cores, which in a container limited to 2 CPUs can be dozens of workers of ~2 GB each."""
+    return len(os.sched_getaffinity(0))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """The offline datasets (../shared/data). A user's clone has no ../shared: skip, saying why."""
