@@ -24,8 +24,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/elastic-reset demo
 
-# -n auto: one pytest worker (pytest-xdist) per CPU this process may use (tests/conftest.py says how many); each test
-# runs at one torch thread, so two cores finish the suite in ~2/3 of the serial time. `pytest tests/test_x.py` is serial.
+# -n auto: one pytest worker (pytest-xdist) per CPU this process may use (tests/conftest.py counts them); each
+# test runs at one torch thread, so two cores finish the suite in ~2/3 of the serial time. One file: `pytest FILE`.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto
 
