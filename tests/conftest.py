@@ -9,9 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ELASTIC_RESET_DATA", ROOT.parent / "shared" / "data"))
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto`` (``make test``): one worker per CPU this process may run on. xdist's own count is the host's
-    physical cores, which in a container limited to 2 CPUs can be dozens of workers of ~2 GB each."""
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """``-n auto`` (``make test``): one worker per CPU this process may run on (its affinity: a container's cpuset,
+    a ``taskset``), not xdist's count of the host's physical cores: dozens of ~2 GB workers in a 2-CPU container.
+    Where ``PYTEST_XDIST_AUTO_NUM_WORKERS`` is set, or there is no affinity (macOS), xdist decides (None)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not hasattr(os, "sched_getaffinity"):
+        return None
     return len(os.sched_getaffinity(0))
 
 
