@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ELASTIC_RESET_DATA", ROOT.parent / "shared" / "data"))
 
 
+@pytest.hookimpl(optionalhook=True)  # `pytest -p no:xdist`, or xdist not installed, runs serially
 def pytest_xdist_auto_num_workers(config) -> int | None:
     """``-n auto`` (``make test``): one worker per CPU this process may run on (its affinity: a container's cpuset,
     a ``taskset``), not xdist's count of the host's physical cores: dozens of ~2 GB workers in a 2-CPU container.

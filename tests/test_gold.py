@@ -80,6 +80,26 @@ def test_gold_pairs_are_written_as_a_preference_file_with_exact_gold_scores(tiny
         build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config)
 
 
+def test_a_missing_gold_is_refused_by_its_field_with_the_command_that_builds_one_there(shared_data, tmp_path,
+                                                                                       capsys):
+    from elastic_reset.cli import main
+    from elastic_reset.models import IMDB_CLASSIFIER_BUILD
+    from elastic_reset.tasks import get_task
+
+    proxy, missing = tmp_path / "proxy", tmp_path / "no-gold"
+    proxy.mkdir()
+    (proxy / "reward_model.json").write_text("{}")
+    with pytest.raises(FileNotFoundError) as err:
+        get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(proxy), gold=str(missing))
+    assert str(err.value).startswith(f"task.options.gold: no sentiment classifier at {missing}")
+    assert f"`{IMDB_CLASSIFIER_BUILD} --out {missing}`" in str(err.value)
+    # The build refuses it before it samples (its policy is missing too: sampling first would fail on that).
+    assert main(["build", "gold-pairs", "--data-dir", str(shared_data), "--n-pairs", "2", "--gold", str(missing),
+                 "--policy", str(tmp_path / "no-policy"), "--out", str(tmp_path / "pairs")]) == 2
+    assert f"--gold: no sentiment classifier at {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "pairs").exists()
+
+
 def test_wikitext_prompts_are_detokenized_paragraph_openings(shared_data):
     assert detokenize(" a guest @-@ starring role , 1 @,@ 000 times . ") == "a guest-starring role, 1,000 times."
     prompts = paragraph_prompts(shared_data, 20, seed=0)

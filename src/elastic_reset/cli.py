@@ -186,7 +186,7 @@ def _build_imdb_smollm2(args: argparse.Namespace) -> int:
 
 def _build_gold_pairs(args: argparse.Namespace) -> int:
     from elastic_reset.data.imdb import train_prompts
-    from elastic_reset.models import gold_pairs_path, imdb_classifier_path, imdb_smollm2_path
+    from elastic_reset.models import gold_pairs_path, imdb_classifier, imdb_smollm2_path
     from elastic_reset.rewards.gold import GoldPairsConfig, build_gold_pairs
 
     config = GoldPairsConfig(n_pairs=args.n_pairs, temperature=args.temperature, seed=args.seed,
@@ -194,7 +194,7 @@ def _build_gold_pairs(args: argparse.Namespace) -> int:
     config.validate()
     out = args.out or gold_pairs_path(config.n_pairs, config.temperature, config.seed)
     policy = args.policy or imdb_smollm2_path()
-    gold = args.gold or imdb_classifier_path()
+    gold = imdb_classifier(args.gold, "--gold")  # before minutes of sampling, not after
     out, metrics = build_gold_pairs(policy, gold, train_prompts(args.data_dir, config.n_pairs), out, config,
                                     force=args.force)
     print(f"gold pairs: {metrics['pairs']} written to {out} in {metrics['seconds']:.0f} s; labels agree with the "

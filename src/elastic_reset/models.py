@@ -62,6 +62,15 @@ def imdb_classifier_path() -> Path:
     return cache_dir() / "imdb-sentiment-minilm"
 
 
+def imdb_classifier(path: str | Path | None, field: str) -> Path:
+    """The sentiment classifier folder at ``path`` (a user's) or, for None, :func:`imdb_classifier_path`;
+    FileNotFoundError naming ``field`` and the command that builds one there where it is not."""
+    folder = Path(path) if path is not None else imdb_classifier_path()
+    out = f" --out {folder}" if path is not None else ""
+    return _built(folder, "config.json", True, f"{field}: no sentiment classifier at {folder}; build one with "
+                  f"`{IMDB_CLASSIFIER_BUILD}{out}` (roughly 10-30 minutes on a 2-core CPU)")
+
+
 def imdb_policy_path(required: bool = True) -> Path:
     """The small GPT-2 pretrained on IMDB train reviews (``model.name: imdb-gpt2``), built by
     ``elastic-reset build imdb-policy``; ``required``: refuse a folder that is not there, naming the command."""

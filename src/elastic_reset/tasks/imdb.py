@@ -19,7 +19,6 @@ reward.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from elastic_reset.data.imdb import task_splits
 from elastic_reset.tasks.base import Task, register_task
@@ -35,17 +34,12 @@ def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_tr
     (disjoint parts of the test split), ``n_pretrain`` multitask texts (default: all train reviews).
     ``reward_model``: a classifier folder (default ``models.imdb_classifier_path()``, built by ``elastic-reset
     build imdb-classifier``)."""
-    from elastic_reset.models import IMDB_CLASSIFIER_BUILD, imdb_classifier_path
+    from elastic_reset.models import imdb_classifier
     from elastic_reset.rewards.classifier import SentimentReward
 
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference,
                        n_pretrain=n_pretrain, max_prompt_words=max_prompt_words, n_test=n_test)
-    path = Path(reward_model) if reward_model is not None else imdb_classifier_path()
-    if not (path / "config.json").is_file():
-        hint = (f"build it with `{IMDB_CLASSIFIER_BUILD}`" if reward_model is None else
-                f"build one there with `{IMDB_CLASSIFIER_BUILD} --out {path}`")
-        raise FileNotFoundError(f"task imdb: no sentiment reward model at {path}: {hint} "
-                                "(roughly 10-30 minutes on a 2-core CPU)")
+    path = imdb_classifier(reward_model, "task.options.reward_model")
     return Task(
         name="imdb",
         train_prompts=data.train_prompts,

@@ -53,7 +53,7 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
     """Options: ``reward_model`` (required: the proxy, a folder from ``reward-model train``), ``gold`` (the
     sentiment classifier folder; default the ``imdb-classifier`` build), the IMDB task's counts, ``n_forget``
     WikiText-2 prompts for the forget set."""
-    from elastic_reset.models import IMDB_CLASSIFIER_BUILD, imdb_classifier_path
+    from elastic_reset.models import imdb_classifier
     from elastic_reset.reward_models.reward import PreferenceModelReward
     from elastic_reset.rewards.classifier import SentimentReward
 
@@ -64,10 +64,7 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
                           "reward-model train --data <gold pairs>/pairs.jsonl`")
     if not (Path(reward_model) / "reward_model.json").is_file():
         raise FileNotFoundError(f"task.options.reward_model: no reward model at {reward_model}")
-    gold_path = Path(gold) if gold is not None else imdb_classifier_path()
-    if not (gold_path / "config.json").is_file():
-        raise FileNotFoundError(f"task.options.gold: no sentiment classifier at {gold_path}; build it with "
-                                f"`{IMDB_CLASSIFIER_BUILD}`")
+    gold_path = imdb_classifier(gold, "task.options.gold")
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test)
     gold_scores = GoldScores(SentimentReward(gold_path))
     return Task(
