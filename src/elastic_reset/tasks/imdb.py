@@ -19,7 +19,6 @@ reward.
 
 from __future__ import annotations
 
-
 from elastic_reset.data.imdb import task_splits
 from elastic_reset.tasks.base import Task, register_task
 
