@@ -290,6 +290,109 @@ def test_the_trainer_binds_the_tokenizer_so_the_template_choice_is_applied(files
         RLTrainer(config, files / "run")
 
 
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+CHAT_REWARD = """
+def shape(prompts, completions, letter, **kwargs):
+    # 100 x messages in the prompt + 10 x completion turns + letters in the assistant's content
+    return [100 * len(p) + 10 * len(c) + c[0]["content"].count(x) if c[0]["role"] == "assistant" else -1.0
+            for p, c, x in zip(prompts, completions, letter)]
+"""
+
+
+def chat_rows(n=6):
+    rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Question {i}?"}],
+             "letter": "e"} for i in range(n)]
+    rows.append({"prompt": [{"role": "user", "content": "Go on:"}, {"role": "assistant", "content": "Sure,"}],
+                 "letter": "e"})
+    return rows
+
+
+def chat_task(files, rows, **options):
+    (files / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (files / "chat_reward.py").write_text(CHAT_REWARD)
+    return task(files, path=str(files / "chat.jsonl"), reward=f"{files / 'chat_reward.py'}:shape", **options)
+
+
+def test_conversational_prompts_are_rendered_by_the_template_and_reach_the_reward_as_trl_passes_them(files):
+    from elastic_reset.models import byte_tokenizer
+
+    t = chat_task(files, chat_rows(), eval_fraction=0.3)
+    tok = byte_tokenizer()
+    tok.chat_template = TEMPLATE
+    t.bind_tokenizer(tok)
+    shown = t.train_prompts + t.eval_prompts
+    assert sorted(shown) == sorted([f"<system>Be brief.<user>Question {i}?<assistant>" for i in range(6)]
+                                   + ["<user>Go on:<assistant>Sure,"])  # a final assistant turn is continued
+    assert len(t.eval_prompts) == 2
+    asked = ["<system>Be brief.<user>Question 3?<assistant>", "<user>Go on:<assistant>Sure,"]
+    assert t.reward_fn(asked, ["eee", "e"]) == [213.0, 211.0]
+    t.bind_tokenizer(tok)  # idempotent
+    assert sorted(t.train_prompts + t.eval_prompts) == sorted(shown)
+
+
+@pytest.mark.parametrize("template, options, pattern", [
+    (None, {}, r"chat messages, which need .* a chat template, and it has none$"),
+    (TEMPLATE, {"chat_template": False}, r"chat messages, .* and it is switched off \(false\)$"),
+])
+def test_conversational_prompts_without_a_chat_template_are_refused(files, template, options, pattern):
+    from elastic_reset.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.chat_template = template
+    with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: the prompts are " + pattern):
+        chat_task(files, chat_rows(), **options).bind_tokenizer(tok)
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    ({"prompt": [{"role": "user"}]}, r"row 8: column 'prompt': message 1 is not \{\"role\": str, \"content\""),
+    ({"prompt": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]},
+     r"row 8: column 'prompt': the last message's role must be user, tool or assistant, got 'system'$"),
+    ({"prompt": []}, r"row 8: column 'prompt': the last message's role .* got none \(an empty list\)$"),
+    ({"prompt": "plain text"}, r"row 8: column 'prompt' is text, but row 1's is not: one format for every prompt$"),
+])
+def test_a_malformed_or_mixed_conversation_names_the_row(files, bad, pattern):
+    with pytest.raises(DataFileError, match=r"chat\.jsonl " + pattern):
+        chat_task(files, chat_rows() + [{**bad, "letter": "e"}])
+
+
+def test_chat_messages_are_read_for_prompts_only_and_in_one_format_with_the_held_out_ones(files):
+    (files / "ref.jsonl").write_text(json.dumps({"text": [{"role": "user", "content": "x"}]}) + "\n")
+    with pytest.raises(DataFileError, match=r"ref\.jsonl row 1: column 'text' is a list \(chat messages are read "
+                                            r"for the prompts only\)$"):
+        chat_task(files, chat_rows(), reference=str(files / "ref.jsonl"))
+    with pytest.raises(ConfigError, match=r"^task\.options\.eval_path: its prompts are text, the training prompts "
+                                          r"chat messages: one format for both$"):
+        chat_task(files, chat_rows(), eval_path=str(files / "prompts.jsonl"))
+
+
+def test_a_run_on_a_conversational_datasets_dataset_with_a_chat_model(files):
+    from datasets import Dataset
+
+    from elastic_reset.models import byte_tokenizer, tiny_causal_lm
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    model = files / "chat-model"
+    tok = byte_tokenizer()
+    tok.chat_template = TEMPLATE
+    tiny_causal_lm(seed=0).save_pretrained(model)
+    tok.save_pretrained(model)
+    Dataset.from_list(chat_rows(8)).save_to_disk(str(files / "chat-data"))
+    (files / "chat_reward.py").write_text(CHAT_REWARD)
+    config = tiny_config(f"model.name={model}", "task.name=prompts", "eval.every=2", "eval.num_prompts=2",
+                         "steps=2", f"task.options={{dataset: {files / 'chat-data'}, reward: "
+                         f"'{files / 'chat_reward.py'}:shape', eval_fraction: 0.25}}")
+    trainer = RLTrainer(config, files / "run")
+    assert all(p.startswith(("<system>Be brief.<user>Question ", "<user>Go on:<assistant>Sure,"))
+               for p in trainer.task.train_prompts + trainer.task.eval_prompts)  # what the policy is prompted with
+    records = trainer.train()
+    train = [r for r in records if "reward" in r]
+    # 200 or 210 (two messages, one assistant turn) plus the letters: the reward got TRL's conversational call
+    assert len(train) == 2 and all(210 <= r["reward"] < 300 for r in train)
+    assert any("eval/reward" in r for r in records)
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 def _readme_example() -> tuple[str, str, list[list[str]], str]:
     """The JSONL, the reward, the commands (train, export) and the reload code of the README's "Your own task"."""

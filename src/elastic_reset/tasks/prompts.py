@@ -8,7 +8,7 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
         path: prompts.jsonl          # .jsonl / .json (objects), .csv, anything else: one prompt per line;
                                      # a folder: a save_to_disk dataset, or one datasets.load_dataset reads
         # dataset: user/name         # instead of path: a datasets hub name or local path (split: train)
-        column: prompt               # the prompt column (not for plain-text files)
+        column: prompt               # the prompt column (not for plain-text files): text, or chat messages
         reward: rewards.py:my_reward # module:function or path/to/file.py:function, or a list of them
         reward_weights: [1.0]        # one per reward (TRL's reward_weights); default all 1
         eval_path: held_out.jsonl    # or eval_split: test, or eval_fraction: 0.1 (seeded by seed: 0)
@@ -26,6 +26,12 @@ completion with no reward at all gets NaN, which the run's ``bad_reward`` settin
 
 The chat template needs the policy's tokenizer, which is loaded after the task: the engine calls
 :meth:`PromptsTask.bind_tokenizer` once it has one. The reward always sees the prompt as written in the file.
+
+Conversational prompts, as TRL has them: a prompt column whose values are lists of ``{"role", "content"}``
+messages (a system turn, earlier turns, the user's) is rendered with the policy's chat template (which it then
+needs), the generation prompt added after a user or tool turn and a final assistant turn continued, as TRL renders
+a prompt-only conversation. The reward then gets, as from TRL's ``GRPOTrainer``, ``prompts`` as those message lists
+and each completion as ``[{"role": "assistant", "content": text}]``.
 """
 
 from __future__ import annotations
@@ -111,9 +117,10 @@ def _is_plain(source: str) -> bool:
 
 
 def read_texts(source: str, key: str, column: str, column_key: str, *, split: str = "train",
-               dataset: bool = False) -> list[tuple[str, dict[str, Any]]]:
+               dataset: bool = False, chat: bool = False) -> list[tuple[Any, dict[str, Any]]]:
     """(text of ``column``, the row's other columns) per row of ``source``; a plain-text file's lines whatever
-    the column. Every text must be a non-empty string."""
+    the column. Every text must be a non-empty string; with ``chat``, every value may instead be a conversation
+    (TRL's conversational format: a list of ``{"role", "content"}`` messages), but not some rows of each."""
     rows = read_rows(source, key, split=split, dataset=dataset)
     if not rows:
         raise DataFileError(f"{source}: no rows")
@@ -124,12 +131,29 @@ def read_texts(source: str, key: str, column: str, column_key: str, *, split: st
     out = []
     for i, row in enumerate(rows):
         value = row.get(column)
-        if not isinstance(value, str) or not value.strip():
-            what = ("a list of chat messages (only text prompts are supported)" if isinstance(value, list)
+        where = f"{source} row {i + 1}: column {column!r}"
+        if chat and isinstance(value, list):
+            _check_messages(value, where)
+        elif not isinstance(value, str) or not value.strip():
+            what = ("a list (chat messages are read for the prompts only)" if isinstance(value, list)
                     else "missing" if value is None else "empty" if isinstance(value, str) else type(value).__name__)
-            raise DataFileError(f"{source} row {i + 1}: column {column!r} is {what}")
+            raise DataFileError(f"{where} is {what}")
+        if out and isinstance(value, list) != isinstance(out[0][0], list):
+            raise DataFileError(f"{where} is {'chat messages' if isinstance(value, list) else 'text'}, but row 1's "
+                                "is not: one format for every prompt")
         out.append((value, {k: v for k, v in row.items() if k != column and k not in _RESERVED}))
     return out
+
+
+def _check_messages(messages: list, where: str) -> None:
+    """A prompt conversation as TRL's prompt-only conversational format has it: messages with a string role and
+    content, ending with a user or tool turn (answered) or an assistant turn (continued)."""
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DataFileError(f"{where}: message {j + 1} is not {{\"role\": str, \"content\": str}}")
+    if not messages or messages[-1]["role"] not in ("user", "tool", "assistant"):
+        last = repr(messages[-1]["role"]) if messages else "none (an empty list)"
+        raise DataFileError(f"{where}: the last message's role must be user, tool or assistant, got {last}")
 
 
 def _source(path: str | None, dataset: str | None, path_key: str, dataset_key: str) -> tuple[str, str, bool] | None:
@@ -168,6 +192,8 @@ class TRLReward:
         rows = [self.lookup.get(p) for p in prompts]
         originals = [row["__prompt__"] if row else p for row, p in zip(rows, prompts)]
         columns = {c: [row.get(c) if row else None for row in rows] for c in self.columns}
+        if originals and isinstance(originals[0], list):  # conversational: completions as TRL passes them
+            completions = [[{"role": "assistant", "content": c}] for c in completions]
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
         for (spec, fn), weight in zip(self.functions, self.weights):
@@ -190,27 +216,44 @@ class PromptsTask(Task):
     """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never."""
     _raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
+    conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    """Conversational prompts by their placeholder text (:func:`conversation_key`), which the prompt lists hold
+    until :meth:`bind_tokenizer` renders them."""
+
     def bind_tokenizer(self, tokenizer) -> None:
-        """Render the train / eval / test prompts with ``tokenizer``'s chat template (as one user turn, with the
-        generation prompt), as ``chat_template`` says. Idempotent: a second call renders the file's prompts again."""
+        """Render the train / eval / test prompts with ``tokenizer``'s chat template (a text prompt as one user
+        turn), with the generation prompt, as ``chat_template`` says; conversations always, so they need one.
+        Idempotent: a second call renders the file's prompts again."""
         has = bool(getattr(tokenizer, "chat_template", None))
         if self.chat_template and not has:
             raise ConfigError("task.options.chat_template: true, but the policy's tokenizer has no chat template")
+        if self.conversations and not (has and self.chat_template is not False):
+            raise ConfigError("task.options.chat_template: the prompts are chat messages, which need the policy's "
+                              "tokenizer to have a chat template, and it " + ("is switched off (false)" if has else
+                                                                              "has none"))
         if not self._raw:
             self._raw = {k: list(getattr(self, k)) for k in ("train_prompts", "eval_prompts", "test_prompts")}
         render = self.chat_template is not False and has
         reward = self.reward_fn if isinstance(self.reward_fn, TRLReward) else None
         for key, prompts in self._raw.items():
-            shown = [_render(tokenizer, p) for p in prompts] if render else list(prompts)
+            shown = ([_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]))
+                      for p in prompts] if render else list(prompts))
             setattr(self, key, shown)
             if reward is not None:
                 for raw, text in zip(prompts, shown):
                     reward.lookup.setdefault(text, reward.lookup.get(raw, {"__prompt__": raw}))
 
 
-def _render(tokenizer, prompt: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+def conversation_key(messages: list[dict[str, Any]]) -> str:
+    """The text that stands for a conversational prompt until the chat template renders it."""
+    return json.dumps(messages, ensure_ascii=False, sort_keys=True)
+
+
+def _render(tokenizer, messages: list[dict[str, Any]]) -> str:
+    # As TRL renders a prompt-only conversation: a final assistant turn is continued, any other answered.
+    cont = messages[-1]["role"] == "assistant"
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
+                                         continue_final_message=cont)
 
 
 @register_task("prompts")
@@ -242,12 +285,17 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
     if eval_split is not None and not isinstance(eval_split, str):
         raise ConfigError(f"task.options.eval_split: expected a split name, got {eval_split!r}")
 
-    rows = read_texts(source, key, column, "task.options.column", split=split, dataset=hub)
+    rows = read_texts(source, key, column, "task.options.column", split=split, dataset=hub, chat=True)
     eval_source = _source(eval_path, eval_dataset, "eval_path", "eval_dataset")
     if eval_source is not None or eval_split is not None:
         e_value, e_key, e_hub = eval_source or (source, key, hub)
         train = rows
-        held_out = read_texts(e_value, e_key, column, "task.options.column", split=eval_split or split, dataset=e_hub)
+        held_out = read_texts(e_value, e_key, column, "task.options.column", split=eval_split or split, dataset=e_hub,
+                              chat=True)
+        if isinstance(held_out[0][0], list) != isinstance(rows[0][0], list):
+            kinds = ("chat messages", "text") if isinstance(held_out[0][0], list) else ("text", "chat messages")
+            raise ConfigError(f"{e_key}: its prompts are {kinds[0]}, the training prompts {kinds[1]}: one format "
+                              "for both")
     else:
         if not (isinstance(eval_fraction, (int, float)) and 0 < eval_fraction < 1):
             raise ConfigError(f"task.options.eval_fraction: expected in (0, 1), got {eval_fraction!r}")
@@ -261,11 +309,15 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
         train = [r for i, r in enumerate(rows) if i not in eval_ids]
         held_out = [r for i, r in enumerate(rows) if i in eval_ids]
 
+    conversations = {conversation_key(p): p for p, _ in train + held_out if isinstance(p, list)}
+    train = [(conversation_key(p) if isinstance(p, list) else p, extra) for p, extra in train]
+    held_out = [(conversation_key(p) if isinstance(p, list) else p, extra) for p, extra in held_out]
     lookup: dict[str, dict[str, Any]] = {}
     columns: dict[str, None] = {}
     for prompt, extra in train + held_out:
         columns.update(dict.fromkeys(extra))
-        lookup.setdefault(prompt, {**extra, "__prompt__": prompt})  # a repeated prompt keeps its first row
+        # a repeated prompt keeps its first row; the reward sees a conversation as its messages
+        lookup.setdefault(prompt, {**extra, "__prompt__": conversations.get(prompt, prompt)})
 
     def texts_of(name: str, path_: str | None, dataset_: str | None, split_: str, column_: str) -> list[str]:
         src = _source(path_, dataset_, name, f"{name}_dataset")
@@ -284,4 +336,5 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
         pretrain_texts=texts_of("pretrain", pretrain, pretrain_dataset, pretrain_split, pretrain_column),
         drift_key="perplexity" if reference_texts else "kl_init",
         chat_template=chat_template,
+        conversations=conversations,
     )
