@@ -394,19 +394,20 @@ def test_a_run_on_a_conversational_datasets_dataset_with_a_chat_model(files):
 
 
 # ------------------------------------------------------------------------------------------------ end to end
-def _readme_example() -> tuple[str, str, list[list[str]], str]:
-    """The JSONL, the reward, the commands (train, export) and the reload code of the README's "Your own task"."""
+def _readme_example() -> tuple[str, str, list[list[str]], str, str]:
+    """The JSONL, the reward, the commands (train, export), the reload code and the Python run of the README's
+    "Your own task"."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Your own task\n", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, list[str]] = {}
     for lang, body in re.findall(r"```(json|python|bash)\n(.*?)```", section, flags=re.S):
         blocks.setdefault(lang, []).append(body)
     commands = [shlex.split(line, comments=True) for line in blocks["bash"][0].replace("\\\n", " ").splitlines()]
-    return blocks["json"][0], blocks["python"][0], commands, blocks["python"][1]
+    return blocks["json"][0], blocks["python"][0], commands, blocks["python"][1], blocks["python"][2]
 
 
 def test_the_readme_example_trains_exports_and_reloads_end_to_end(tmp_path, monkeypatch):
-    jsonl, python, (train, export), reload = _readme_example()
+    jsonl, python, (train, export), reload, _ = _readme_example()
     (tmp_path / "prompts.jsonl").write_text(jsonl)
     (tmp_path / "my_reward.py").write_text(python)
     monkeypatch.chdir(tmp_path)
@@ -422,3 +423,54 @@ def test_the_readme_example_trains_exports_and_reloads_end_to_end(tmp_path, monk
     exec(reload, scope)  # the README's own reload code, on the folder the README's export wrote
     ids = scope["tokenizer"]("Write a line about the sea:", return_tensors="pt").input_ids
     assert torch.isfinite(scope["model"](input_ids=ids).logits).all()
+
+
+def test_the_readme_example_from_python_with_a_datasets_dataset_and_a_reward_function(tmp_path, monkeypatch):
+    jsonl, python, _, _, script = _readme_example()
+    (tmp_path / "prompts.jsonl").write_text(jsonl)
+    (tmp_path / "my_reward.py").write_text(python)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_reward", raising=False)
+    assert '"configs/tiny.yaml"' in script
+    scope: dict = {}
+    exec(script.replace('"configs/tiny.yaml"', repr(str(TINY))), scope)
+    rewards = [r["reward"] for r in scope["records"] if "reward" in r]
+    assert len(rewards) == 6 and all(0.0 <= r <= 1.0 for r in rewards)
+    assert (tmp_path / "runs" / "mine-py" / "final" / "config.json").is_file()
+    assert json.loads((tmp_path / "runs" / "mine-py" / "task.json").read_text())["name"] == "prompts"
+
+
+@pytest.mark.parametrize("options, pattern", [
+    ({"dataset": 42}, r"^task\.options\.dataset: expected a dataset, a dict of them by split or a list of row "
+                      r"dicts, got int$"),
+    ({"dataset": ["a prompt"]}, r"^task\.options\.dataset: expected rows that are dicts \(column: value\), got "
+                                r"str$"),
+    ({"dataset": {"train": []}, "split": "test"}, r"^task\.options\.dataset: .* has no split 'test' \(splits: "
+                                                  r"train\)$"),
+    ({"reward": 3}, r"^task\.options\.reward: expected module:function \(from Python, a function too\)"),
+])
+def test_python_objects_that_are_not_a_dataset_or_a_reward_are_one_line(files, options, pattern):
+    options = {"path": None, "dataset": [{"prompt": p} for p in PROMPTS], **options}
+    with pytest.raises(ConfigError, match=pattern):
+        task(files, **options)
+
+
+def test_a_datasetdict_from_python_by_split_with_a_reward_function(files):
+    from datasets import Dataset, DatasetDict
+
+    rows = {"prompt": PROMPTS, "letter": LETTERS}
+    data = DatasetDict({"train": Dataset.from_dict(rows), "test": Dataset.from_dict({k: v[:2] for k, v in
+                                                                                     rows.items()})})
+    seen = []
+
+    def reward(prompts, completions, letter, **kwargs):
+        seen.append(list(letter))
+        return [1.0] * len(completions)
+
+    t = get_task("prompts", dataset=data, eval_split="test", reward=reward)
+    assert t.train_prompts == PROMPTS and t.eval_prompts == PROMPTS[:2]
+    assert t.reward_fn([PROMPTS[3]], ["x"]) == [1.0] and seen == [[LETTERS[3]]]
+    listed = get_task("prompts", dataset=[{"prompt": p, "letter": x} for p, x in zip(PROMPTS, LETTERS)],
+                      reward=reward, seed=0)
+    assert listed.train_prompts == task(files).train_prompts  # a list of rows reads as the same file does

@@ -41,6 +41,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,9 +57,12 @@ _RESERVED = ("prompts", "completions")
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def read_rows(source: str, key: str, *, split: str = "train", dataset: bool = False) -> list[dict[str, Any]]:
+def read_rows(source: Any, key: str, *, split: str = "train", dataset: bool = False) -> list[dict[str, Any]]:
     """The rows of ``source`` (the value of option ``key``) as dicts; a plain-text file (any suffix but .jsonl,
-    .json, .csv, .tsv) gives ``{"text": line}`` per non-blank line. ``dataset``: ``source`` may be a hub name."""
+    .json, .csv, .tsv) gives ``{"text": line}`` per non-blank line. ``dataset``: ``source`` may be a hub name, or,
+    from Python, a ``datasets`` object or a list of row dicts."""
+    if dataset and not isinstance(source, str):
+        return _rows_of(source, split, key, repr(source) if isinstance(source, list) else "the dataset")
     if not isinstance(source, str) or not source.strip():
         raise ConfigError(f"{key}: expected a file, folder or dataset name, got {source!r}")
     path = Path(source).expanduser()
@@ -104,24 +108,40 @@ def _read_dataset(source: str, split: str, key: str) -> list[dict[str, Any]]:
     except Exception as err:  # noqa: BLE001  (hub, network, builder and file errors alike: one line naming it)
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{key}: cannot load dataset {source!r} ({first})") from None
-    if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+    return _rows_of(data, split, key, f"dataset {source!r}")
+
+
+def _rows_of(data: Any, split: str, key: str, name: str) -> list[dict[str, Any]]:
+    """The rows of a ``datasets`` (Iterable)Dataset, a dict of them by split, or a list of row dicts."""
+    if isinstance(data, dict) or type(data).__name__ in ("DatasetDict", "IterableDatasetDict"):
         if split not in data:
-            raise ConfigError(f"{key}: dataset {source!r} has no split {split!r} (splits: {', '.join(data)})")
+            raise ConfigError(f"{key}: {name} has no split {split!r} (splits: {', '.join(data)})")
         data = data[split]
-    return [dict(row) for row in data]
+    if isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+        raise ConfigError(f"{key}: expected a dataset, a dict of them by split or a list of row dicts, got "
+                          f"{type(data).__name__}")
+    rows = [dict(row) if isinstance(row, dict) else row for row in data]
+    if not all(isinstance(row, dict) for row in rows):
+        raise ConfigError(f"{key}: expected rows that are dicts (column: value), got "
+                          f"{next(type(r).__name__ for r in rows if not isinstance(r, dict))}")
+    return rows
 
 
-def _is_plain(source: str) -> bool:
+def _is_plain(source: Any) -> bool:
+    if not isinstance(source, str):
+        return False
     path = Path(source).expanduser()
     return path.is_file() and path.suffix.lower() not in (".jsonl", ".json", ".csv", ".tsv")
 
 
-def read_texts(source: str, key: str, column: str, column_key: str, *, split: str = "train",
+def read_texts(source: Any, key: str, column: str, column_key: str, *, split: str = "train",
                dataset: bool = False, chat: bool = False) -> list[tuple[Any, dict[str, Any]]]:
     """(text of ``column``, the row's other columns) per row of ``source``; a plain-text file's lines whatever
     the column. Every text must be a non-empty string; with ``chat``, every value may instead be a conversation
     (TRL's conversational format: a list of ``{"role", "content"}`` messages), but not some rows of each."""
     rows = read_rows(source, key, split=split, dataset=dataset)
+    if not isinstance(source, str):
+        source = key  # a dataset object from Python: errors name the option
     if not rows:
         raise DataFileError(f"{source}: no rows")
     if _is_plain(source):
@@ -156,14 +176,15 @@ def _check_messages(messages: list, where: str) -> None:
         raise DataFileError(f"{where}: the last message's role must be user, tool or assistant, got {last}")
 
 
-def _source(path: str | None, dataset: str | None, path_key: str, dataset_key: str) -> tuple[str, str, bool] | None:
-    """(value, option key, may be a hub name) of whichever of the two options is set, or None."""
+def _source(path: str | None, dataset: Any, path_key: str, dataset_key: str) -> tuple[Any, str, bool] | None:
+    """(value, option key, may be a hub name) of whichever of the two options is set, or None; a ``Path`` as
+    its text."""
     if path is not None and dataset is not None:
         raise ConfigError(f"task.options.{path_key}: set {path_key} or {dataset_key}, not both")
     if path is not None:
-        return path, f"task.options.{path_key}", False
+        return os.fspath(path) if isinstance(path, os.PathLike) else path, f"task.options.{path_key}", False
     if dataset is not None:
-        return dataset, f"task.options.{dataset_key}", True
+        return os.fspath(dataset) if isinstance(dataset, os.PathLike) else dataset, f"task.options.{dataset_key}", True
     return None
 
 
@@ -172,9 +193,10 @@ class TRLReward:
     """The task's reward: TRL-style reward functions called with the columns of each prompt's row, summed with
     weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
 
-    def __init__(self, specs: list[str], weights: list[float], lookup: dict[str, dict[str, Any]],
+    def __init__(self, specs: list[Any], weights: list[float], lookup: dict[str, dict[str, Any]],
                  columns: list[str]):
-        self.functions = [(spec, load_object(spec, "task.options.reward")) for spec in specs]
+        self.functions = [(spec, load_object(spec, "task.options.reward")) if isinstance(spec, str) else
+                          (getattr(spec, "__name__", repr(spec)), spec) for spec in specs]
         self.weights = weights
         self.lookup = lookup
         self.columns = columns
@@ -257,15 +279,17 @@ def _render(tokenizer, messages: list[dict[str, Any]]) -> str:
 
 
 @register_task("prompts")
-def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: str | None = None,
-                 split: str = "train", column: str = "prompt", reward: str | list[str] | None = None,
+def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: Any = None,
+                 split: str = "train", column: str = "prompt", reward: Any = None,
                  reward_weights: list[float] | None = None, eval_path: str | None = None,
-                 eval_dataset: str | None = None, eval_split: str | None = None, eval_fraction: float = 0.1,
-                 seed: int = 0, reference: str | None = None, reference_dataset: str | None = None,
+                 eval_dataset: Any = None, eval_split: str | None = None, eval_fraction: float = 0.1,
+                 seed: int = 0, reference: str | None = None, reference_dataset: Any = None,
                  reference_split: str = "train", reference_column: str = "text", pretrain: str | None = None,
-                 pretrain_dataset: str | None = None, pretrain_split: str = "train", pretrain_column: str = "text",
+                 pretrain_dataset: Any = None, pretrain_split: str = "train", pretrain_column: str = "text",
                  chat_template: bool | None = None) -> PromptsTask:
-    """Prompts from a file or dataset, a reward named by import path (see the module's docstring)."""
+    """Prompts from a file or dataset, a reward named by import path (see the module's docstring). From Python,
+    as TRL's trainers take them: the ``…dataset`` options may be ``datasets`` objects (a ``DatasetDict`` split by
+    the ``…split`` options) or lists of row dicts, and ``reward`` a function or a list of them."""
     prompts_source = _source(path, dataset, "path", "dataset")
     if prompts_source is None:
         raise ConfigError("task.options.path: the prompts task needs prompts: a file or folder (path) or a "
@@ -274,9 +298,10 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
     if reward is None:
         raise ConfigError("task.options.reward: the prompts task needs a reward: module:function or "
                           "path/to/file.py:function (or a list of them)")
-    specs = [reward] if isinstance(reward, str) else reward
-    if not isinstance(specs, list) or not specs or not all(isinstance(s, str) for s in specs):
-        raise ConfigError(f"task.options.reward: expected module:function or a list of them, got {reward!r}")
+    specs = [reward] if isinstance(reward, str) or callable(reward) else reward
+    if not isinstance(specs, list) or not specs or not all(isinstance(s, str) or callable(s) for s in specs):
+        raise ConfigError(f"task.options.reward: expected module:function (from Python, a function too) or a "
+                          f"list of them, got {reward!r}")
     weights = [1.0] * len(specs) if reward_weights is None else reward_weights
     if (not isinstance(weights, list) or len(weights) != len(specs)
             or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights)):
