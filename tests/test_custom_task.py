@@ -193,6 +193,74 @@ def test_a_reward_module_on_the_import_path(files, monkeypatch):
         sys.modules.pop("my_trl_rewards", None)
 
 
+def _sequence_model(folder, num_labels=1, template=None):
+    """A tiny BERT sequence classifier on MiniLM's tokenizer, saved as a folder."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from elastic_reset.models import minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer.chat_template = template
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
+                                                     num_hidden_layers=1, num_attention_heads=2,
+                                                     intermediate_size=64, num_labels=num_labels))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model.eval(), tokenizer
+
+
+def test_a_reward_model_folder_scores_prompt_and_completion_as_trl_does(files):
+    model, tokenizer = _sequence_model(files / "rm")
+    t = task(files, reward=[str(files / "rm"), f"{files / 'rewards.py'}:letter_reward"], reward_weights=[1.0, 10.0])
+    prompts, completions = [PROMPTS[0], PROMPTS[1]], [" eeee", " a long answer"]
+    with torch.no_grad():
+        enc = tokenizer([p + c for p, c in zip(prompts, completions)], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        logits = model(**enc).logits[:, 0].tolist()
+    letters = [c.count(x) / len(c) for c, x in zip(completions, LETTERS[:2])]
+    assert t.reward_fn(prompts, completions) == pytest.approx([a + 10 * b for a, b in zip(logits, letters)],
+                                                              abs=1e-5)
+    _sequence_model(files / "classifier", num_labels=2)
+    with pytest.raises(ConfigError, match=r"^task\.options\.reward: .*classifier is not module:function, and no "
+                                          r"reward model loads from it \(.*one output \(num_labels=1\); this one "
+                                          r"has 2\)$"):
+        task(files, reward=str(files / "classifier"))
+
+
+def test_a_reward_model_renders_a_conversation_with_its_own_chat_template(files):
+    model, tokenizer = _sequence_model(files / "rm", template="{% for m in messages %}[{{ m.role }}] {{ m.content }} "
+                                                              "{% endfor %}")
+    t = chat_task(files, chat_rows(), reward=str(files / "rm"))
+    policy = byte_tokenizer_with(TEMPLATE)
+    t.bind_tokenizer(policy)
+    asked = "<system>Be brief.<user>Question 3?<assistant>"
+    with torch.no_grad():
+        enc = tokenizer(["[system] Be brief. [user] Question 3? [assistant] fine "], return_tensors="pt",
+                        add_special_tokens=False)
+        expected = model(**enc).logits[0, 0].item()
+    assert t.reward_fn([asked], ["fine"]) == pytest.approx([expected], abs=1e-5)
+
+
+def test_a_reward_model_of_reward_model_train_is_the_reward(files):
+    from elastic_reset.reward_models.model import RewardModelConfig
+    from elastic_reset.reward_models.reward import PreferenceModelReward
+    from elastic_reset.reward_models.train import train_reward_model
+
+    pairs = files / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"q {i}:", "chosen": " e" * (i % 3 + 1), "rejected": " x"}) + "\n"
+                             for i in range(40)))
+    train_reward_model(RewardModelConfig(backbone="tiny-llama", data=[str(pairs)], batch_size=4, max_tokens=32),
+                       files / "bt", progress=False, log=lambda _: None)
+    t = task(files, reward=str(files / "bt"))
+    prompts, completions = [PROMPTS[2], PROMPTS[3]], [" e e", " x"]
+    assert t.reward_fn(prompts, completions) == pytest.approx(PreferenceModelReward(files / "bt")(prompts,
+                                                                                                  completions))
+    with pytest.raises(ConfigError, match=r"^task\.options\.reward: .*bt is a reward model `reward-model train` "
+                                          r"wrote, which scores text; these prompts are chat messages$"):
+        chat_task(files, chat_rows(), reward=str(files / "bt"))
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("options, error, pattern", [
     ({"column": "question"}, ConfigError, r"^task\.options\.column: .*prompts\.jsonl has no column 'question' "
@@ -300,6 +368,14 @@ def shape(prompts, completions, letter, **kwargs):
 """
 
 
+def byte_tokenizer_with(template):
+    from elastic_reset.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.chat_template = template
+    return tok
+
+
 def chat_rows(n=6):
     rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Question {i}?"}],
              "letter": "e"} for i in range(n)]
@@ -311,7 +387,8 @@ def chat_rows(n=6):
 def chat_task(files, rows, **options):
     (files / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (files / "chat_reward.py").write_text(CHAT_REWARD)
-    return task(files, path=str(files / "chat.jsonl"), reward=f"{files / 'chat_reward.py'}:shape", **options)
+    options.setdefault("reward", f"{files / 'chat_reward.py'}:shape")
+    return task(files, path=str(files / "chat.jsonl"), **options)
 
 
 def test_conversational_prompts_are_rendered_by_the_template_and_reach_the_reward_as_trl_passes_them(files):

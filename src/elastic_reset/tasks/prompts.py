@@ -9,7 +9,8 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
                                      # a folder: a save_to_disk dataset, or one datasets.load_dataset reads
         # dataset: user/name         # instead of path: a datasets hub name or local path (split: train)
         column: prompt               # the prompt column (not for plain-text files): text, or chat messages
-        reward: rewards.py:my_reward # module:function or path/to/file.py:function, or a list of them
+        reward: rewards.py:my_reward # module:function or path/to/file.py:function, a reward model's folder
+                                     # (or Hub name), or a list of them
         reward_weights: [1.0]        # one per reward (TRL's reward_weights); default all 1
         eval_path: held_out.jsonl    # or eval_split: test, or eval_fraction: 0.1 (seeded by seed: 0)
         reference: texts.txt         # held-out human text for the perplexity drift (default: drift is kl_init)
@@ -22,7 +23,10 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
 A reward is called as TRL calls it: ``reward(prompts=[...], completions=[...], **columns)``, where ``columns``
 holds every other column of the prompts' rows, each a list aligned with the completions. It returns one float per
 completion, or None for "no reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and a
-completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops.
+completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops. A reward
+model, as in TRL's ``reward_funcs``: a sequence-classification model with one output scores prompt + completion
+(:mod:`elastic_reset.rewards.sequence_score`); a folder of ``elastic-reset reward-model train`` (Bradley–Terry or
+Advantage Model) scores them as in its training.
 
 The chat template needs the policy's tokenizer, which is loaded after the task: the engine calls
 :meth:`PromptsTask.bind_tokenizer` once it has one. The reward always sees the prompt as written in the file.
@@ -43,6 +47,7 @@ import json
 import math
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,9 +199,8 @@ class TRLReward:
     weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
 
     def __init__(self, specs: list[Any], weights: list[float], lookup: dict[str, dict[str, Any]],
-                 columns: list[str]):
-        self.functions = [(spec, load_object(spec, "task.options.reward")) if isinstance(spec, str) else
-                          (getattr(spec, "__name__", repr(spec)), spec) for spec in specs]
+                 columns: list[str], chat: bool = False):
+        self.functions = [reward_function(spec, chat) for spec in specs]
         self.weights = weights
         self.lookup = lookup
         self.columns = columns
@@ -227,6 +231,37 @@ class TRLReward:
                     total[i] += weight * v
                     seen[i] = True
         return [t if s else math.nan for t, s in zip(total, seen)]
+
+
+_HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def reward_function(spec: Any, chat: bool = False) -> tuple[str, Any]:
+    """(name, function) of one ``reward`` entry: a function (from Python); ``module:function`` or
+    ``path/to/file.py:function``; or a reward model, as TRL's ``reward_funcs`` takes one: a folder (or a Hub name)
+    of a sequence-classification model with one output, or a folder ``elastic-reset reward-model train`` wrote.
+    ``chat``: the prompts are conversations."""
+    if callable(spec):
+        return getattr(spec, "__name__", repr(spec)), spec
+    folder = Path(spec).expanduser() if isinstance(spec, str) else None
+    if folder is None or not (folder.is_dir() or (_HUB_NAME.fullmatch(spec) and not folder.exists())):
+        return spec, load_object(spec, "task.options.reward")
+    if (folder / "reward_model.json").is_file():
+        if chat:
+            raise ConfigError(f"task.options.reward: {spec} is a reward model `reward-model train` wrote, which "
+                              "scores text; these prompts are chat messages")
+        from elastic_reset.reward_models.reward import PreferenceModelReward
+
+        model = PreferenceModelReward(folder)
+        return spec, lambda prompts, completions, **columns: model(prompts, completions)
+    from elastic_reset.rewards.sequence_score import SequenceScoreReward
+
+    try:
+        return spec, SequenceScoreReward(spec)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"task.options.reward: {spec} is not module:function, and no reward model loads from "
+                          f"it ({first})") from None
 
 
 # ------------------------------------------------------------------------------------------------ the task
@@ -356,7 +391,7 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
         name="prompts",
         train_prompts=[p for p, _ in train],
         eval_prompts=[p for p, _ in held_out],
-        reward_fn=TRLReward(specs, [float(w) for w in weights], lookup, list(columns)),
+        reward_fn=TRLReward(specs, [float(w) for w in weights], lookup, list(columns), chat=bool(conversations)),
         reference_texts=reference_texts,
         pretrain_texts=texts_of("pretrain", pretrain, pretrain_dataset, pretrain_split, pretrain_column),
         drift_key="perplexity" if reference_texts else "kl_init",
