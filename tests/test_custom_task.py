@@ -261,6 +261,30 @@ def test_a_reward_model_of_reward_model_train_is_the_reward(files):
         chat_task(files, chat_rows(), reward=str(files / "bt"))
 
 
+def test_trls_own_token_id_reward_gets_the_completion_ids(files):
+    rewards = pytest.importorskip("trl.rewards")
+    t = get_task("prompts", path=str(files / "prompts.jsonl"),
+                 reward=[rewards.get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4),
+                         f"{files / 'rewards.py'}:letter_reward"])
+    scores, _ = checked(t)([PROMPTS[0], PROMPTS[1]], ["ee", "bbbbbbb"], [[5] * 3, [7] * 7])
+    assert scores.tolist() == pytest.approx([0.0 + 1.0, -0.75 + 0.0])  # (8 - 4 - 7) / 4 for 7 tokens
+
+
+def test_a_run_passes_each_sample_its_token_ids(files):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    (files / "ids.py").write_text("def n_tokens(completion_ids, **kwargs):\n"
+                                  "    return [float(len(ids)) for ids in completion_ids]\n")
+    config = tiny_config("task.name=prompts", "steps=2", "eval.every=2", "eval.num_prompts=2",
+                         f"task.options={{path: {files / 'prompts.jsonl'}, reward: '{files / 'ids.py'}:n_tokens'}}")
+    records = RLTrainer(config, files / "run").train()
+    train = [r for r in records if "reward" in r]
+    assert len(train) == 2 and all(r["reward"] == pytest.approx(r["response_length"]) for r in train)
+    evals = [r for r in records if "eval/reward" in r]
+    assert len(evals) == 2 and all(r["eval/reward"] == pytest.approx(r["eval/response_length"]) for r in evals)
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("options, error, pattern", [
     ({"column": "question"}, ConfigError, r"^task\.options\.column: .*prompts\.jsonl has no column 'question' "

@@ -53,3 +53,7 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:
         """``[B]`` long: the number of generated tokens in each response (EOS included)."""
         return self.response_mask.sum(-1).long()
+
+    def response_id_lists(self) -> list[list[int]]:
+        """Each response's tokens (EOS included, no padding) as a list of ids: TRL's ``completion_ids``."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]

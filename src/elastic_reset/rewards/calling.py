@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +29,14 @@ def call_reward(call: Callable[[], Any], expected: int, *, who: str, raised_by: 
     if len(values) != expected:
         raise RewardError(f"{who} returned {len(values)} values for {expected} completions")
     return values
+
+
+def takes_keyword(fn: Callable, name: str | None = None) -> bool:
+    """Whether ``fn`` takes ``**kwargs`` (TRL's reward convention) or, with ``name``, a parameter so named; False
+    where it has no signature to read."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return (name is not None and name in params) or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                                        for p in params.values())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -10,7 +9,7 @@ from typing import Literal
 import torch
 
 from elastic_reset.errors import RewardError
-from elastic_reset.rewards.calling import call_reward
+from elastic_reset.rewards.calling import call_reward, takes_keyword
 
 
 class CheckedReward:
@@ -20,8 +19,9 @@ class CheckedReward:
     task's ``judge_fn`` is checked the same way).
 
     A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
-    completions=...)``; any other is called positionally. An exception raised inside the reward propagates as it
-    is, with its own traceback (and a note naming the task)."""
+    completions=..., completion_ids=...)`` (the completions' token ids, where the caller has them, as TRL passes
+    them); any other is called positionally. An exception raised inside the reward propagates as it is, with its
+    own traceback (and a note naming the task)."""
 
     def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
                  bad_reward: Literal["error", "drop"], device: torch.device, what: str = "reward function"):
@@ -30,11 +30,13 @@ class CheckedReward:
         self.task_name = task_name
         self.bad_reward = bad_reward
         self.device = device
-        self.keywords = _takes_keywords(reward_fn)
+        self.keywords = takes_keyword(reward_fn)
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, prompts: list[str], completions: list[str],
+                 completion_ids: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         who = f"{self.what} of task {self.task_name!r}"
-        call = ((lambda: self.reward_fn(prompts=prompts, completions=completions)) if self.keywords
+        ids = {} if completion_ids is None else {"completion_ids": completion_ids}
+        call = ((lambda: self.reward_fn(prompts=prompts, completions=completions, **ids)) if self.keywords
                 else (lambda: self.reward_fn(prompts, completions)))
         values = [math.nan if v is None else v for v in
                   call_reward(call, len(completions), who=who, raised_by=f"the {who}")]
@@ -49,11 +51,3 @@ class CheckedReward:
             scores = torch.where(keep, scores, torch.zeros_like(scores))
         return scores, keep
 
-
-def _takes_keywords(fn) -> bool:
-    """Whether ``fn`` takes ``**kwargs`` (TRL's reward convention) rather than ``(prompts, completions)``."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # no introspectable signature: the positional convention
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -259,12 +259,12 @@ class RLTrainer:
             chunk = prompts[start:start + 32]
             rollout = self.policy.sample(chunk, generator)
             completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
-            scores, keep = self.reward(chunk, completions)
+            response_ids = rollout.response_id_lists()
+            scores, keep = self.reward(chunk, completions, response_ids)
             for i in keep.nonzero().flatten().tolist():
                 rows.append({"prompt": chunk[i], "response": completions[i],
                              "query_ids": rollout.query_ids[i][rollout.query_mask[i].bool()].tolist(),
-                             "response_ids": rollout.response_ids[i][rollout.response_mask[i].bool()].tolist(),
-                             "score": float(scores[i])})
+                             "response_ids": response_ids[i], "score": float(scores[i])})
         if not rows:
             raise RewardError("rehearsal: every candidate's reward was invalid; nothing to rehearse")
         embeddings = embed([r["prompt"] for r in rows], minilm_path() if c.embedder == "minilm" else c.embedder)
@@ -306,7 +306,7 @@ class RLTrainer:
 
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
-        scores, keep = self.reward(prompts, completions)
+        scores, keep = self.reward(prompts, completions, rollout.response_id_lists())
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
         if not keep.any():

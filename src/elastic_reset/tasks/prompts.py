@@ -20,10 +20,11 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
 ``eval_path``, ``reference`` and ``pretrain`` each have a ``…_dataset`` twin (a hub name too) and ``reference`` /
 ``pretrain`` a ``…_split`` (train) and ``…_column`` (text); a relative path is relative to the working directory.
 
-A reward is called as TRL calls it: ``reward(prompts=[...], completions=[...], **columns)``, where ``columns``
-holds every other column of the prompts' rows, each a list aligned with the completions. It returns one float per
-completion, or None for "no reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and a
-completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops. A reward
+A reward is called as TRL calls it: ``reward(prompts=[...], completions=[...], **columns)``, where ``columns`` holds
+every other column of the prompts' rows, each a list aligned with the completions, and ``completion_ids`` (each
+completion's token ids, EOS included) where the reward takes it by name or takes ``**kwargs``. It returns one float
+per completion, or None for "no reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and
+a completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops. A reward
 model, as in TRL's ``reward_funcs``: a sequence-classification model with one output scores prompt + completion
 (:mod:`elastic_reset.rewards.sequence_score`); a folder of ``elastic-reset reward-model train`` (Bradley–Terry or
 Advantage Model) scores them as in its training.
@@ -54,10 +55,10 @@ from typing import Any
 
 from elastic_reset.data.jsonl import json_objects
 from elastic_reset.errors import ConfigError, DataFileError
-from elastic_reset.rewards.calling import call_reward
+from elastic_reset.rewards.calling import call_reward, takes_keyword
 from elastic_reset.tasks.base import Task, load_object, register_task
 
-_RESERVED = ("prompts", "completions")
+_RESERVED = ("prompts", "completions", "completion_ids")
 """Keyword names the reward call uses itself: a dataset column with such a name is not passed on."""
 
 
@@ -204,9 +205,11 @@ class TRLReward:
         self.weights = weights
         self.lookup = lookup
         self.columns = columns
-        for spec, fn in self.functions:
+        self.takes_ids = [takes_keyword(fn, "completion_ids") for _, fn in self.functions]
+        for (spec, fn), ids in zip(self.functions, self.takes_ids):
             try:
-                inspect.signature(fn).bind(prompts=[], completions=[], **{c: [] for c in columns})
+                inspect.signature(fn).bind(prompts=[], completions=[], **({"completion_ids": []} if ids else {}),
+                                           **{c: [] for c in columns})
             except TypeError as err:
                 raise ConfigError(f"task.options.reward: {spec} cannot be called as TRL calls a reward "
                                   f"(prompts=, completions=, {', '.join(f'{c}=' for c in columns) or 'no columns'}"
@@ -214,7 +217,8 @@ class TRLReward:
             except ValueError:
                 pass  # no signature to check: the call will say
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
+                 **_: Any) -> list[float]:
         rows = [self.lookup.get(p) for p in prompts]
         originals = [row["__prompt__"] if row else p for row, p in zip(rows, prompts)]
         columns = {c: [row.get(c) if row else None for row in rows] for c in self.columns}
@@ -222,8 +226,10 @@ class TRLReward:
             completions = [[{"role": "assistant", "content": c}] for c in completions]
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
-        for (spec, fn), weight in zip(self.functions, self.weights):
-            values = call_reward(functools.partial(fn, prompts=originals, completions=list(completions), **columns),
+        for (spec, fn), weight, takes_ids in zip(self.functions, self.weights, self.takes_ids):
+            ids = {"completion_ids": completion_ids} if takes_ids and completion_ids is not None else {}
+            values = call_reward(functools.partial(fn, prompts=originals, completions=list(completions), **ids,
+                                                   **columns),
                                  len(completions), who=f"task.options.reward: {spec}",
                                  raised_by=f"task.options.reward {spec}")
             for i, v in enumerate(values):
