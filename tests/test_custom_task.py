@@ -3,6 +3,7 @@ factories named by import path, their one-line errors, and the README's example 
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -575,3 +576,24 @@ def test_a_datasetdict_from_python_by_split_with_a_reward_function(files):
     listed = get_task("prompts", dataset=[{"prompt": p, "letter": x} for p, x in zip(PROMPTS, LETTERS)],
                       reward=reward, seed=0)
     assert listed.train_prompts == task(files).train_prompts  # a list of rows reads as the same file does
+
+
+def test_the_readme_grpo_table_names_real_settings_on_both_sides():
+    from elastic_reset.rl.config import describe_fields
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Coming from TRL's `GRPOConfig`\n", 1)[1].split("\n\n")[0].strip()
+    rows = [[re.findall(r"`([^`]+)`", cell) for cell in line.strip("|").split("|")[:2]]
+            for line in section.splitlines()[2:]]
+    from elastic_reset.tasks.prompts import prompts_task
+
+    ours = {name for name, *_ in describe_fields()} | {f"task.options.{name}" for name in
+                                                       inspect.signature(prompts_task).parameters}
+    theirs = [n.split("=")[0] for trl, _ in rows for n in trl]
+    named = [n for _, here in rows for n in here]
+    assert len(rows) == 11 and len(theirs) >= 20
+    assert not [n for n in named if n not in ours], "README names settings the config does not have"
+    trl = pytest.importorskip("trl")
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)} | {"peft_config"}
+    assert not [n for n in theirs if n not in fields], "README names GRPOConfig fields TRL does not have"
