@@ -271,19 +271,41 @@ def test_trls_own_token_id_reward_gets_the_completion_ids(files):
     assert scores.tolist() == pytest.approx([0.0 + 1.0, -0.75 + 0.0])  # (8 - 4 - 7) / 4 for 7 tokens
 
 
-def test_a_run_passes_each_sample_its_token_ids(files):
+def test_a_run_passes_each_sample_its_token_ids_and_logs_each_reward(files):
     from elastic_reset.rl.trainer import RLTrainer
     from helpers import tiny_config
 
     (files / "ids.py").write_text("def n_tokens(completion_ids, **kwargs):\n"
                                   "    return [float(len(ids)) for ids in completion_ids]\n")
+    rewards = f"['{files / 'ids.py'}:n_tokens', '{files / 'rewards.py'}:letter_reward']"
     config = tiny_config("task.name=prompts", "steps=2", "eval.every=2", "eval.num_prompts=2",
-                         f"task.options={{path: {files / 'prompts.jsonl'}, reward: '{files / 'ids.py'}:n_tokens'}}")
+                         f"task.options={{path: {files / 'prompts.jsonl'}, reward: {rewards}, "
+                         "reward_weights: [1.0, 10.0]}")
     records = RLTrainer(config, files / "run").train()
     train = [r for r in records if "reward" in r]
-    assert len(train) == 2 and all(r["reward"] == pytest.approx(r["response_length"]) for r in train)
+    assert len(train) == 2
+    for r in train:  # TRL's rewards/<name>: each function's mean, the reward their weighted sum
+        assert r["rewards/n_tokens"] == pytest.approx(r["response_length"])
+        assert r["reward"] == pytest.approx(r["rewards/n_tokens"] + 10 * r["rewards/letter_reward"])
     evals = [r for r in records if "eval/reward" in r]
-    assert len(evals) == 2 and all(r["eval/reward"] == pytest.approx(r["eval/response_length"]) for r in evals)
+    assert len(evals) == 2
+    for r in evals:
+        assert r["eval/rewards/n_tokens"] == pytest.approx(r["eval/response_length"])
+        assert r["eval/reward"] == pytest.approx(r["eval/rewards/n_tokens"] + 10 * r["eval/rewards/letter_reward"])
+
+
+def test_each_reward_has_a_short_name_for_the_logs(files):
+    from elastic_reset.tasks.prompts import _short_names
+
+    assert _short_names(["a/b/rewards.py:letter", "my_mod:letter", "runs/rm/", "org/model", "x.py:other"]) == \
+        ["letter_1", "letter_2", "rm", "model", "other"]
+
+
+def test_a_rewards_logged_mean_is_over_the_samples_it_scored():
+    from elastic_reset.rl.reward import component_means
+
+    # TRL's None ("not mine") and a non-finite value are left out; a reward that scored nothing is not logged
+    assert component_means([{"a": [1.0, None], "b": [None, None]}, {"a": [3.0, math.nan], "b": [None]}]) == {"a": 2.0}
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -19,7 +19,7 @@ from elastic_reset.io import atomic_write_text
 from elastic_reset.rl.config import TrainConfig
 from elastic_reset.rl.methods import DriftMethod
 from elastic_reset.rl.policy import Policy, Reference
-from elastic_reset.rl.reward import CheckedReward
+from elastic_reset.rl.reward import CheckedReward, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.tasks import Task
 
@@ -153,9 +153,10 @@ class Evaluator:
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
-        scores, completions, kls, all_prompts, lengths = [], [], [], [], []
+        scores, completions, kls, all_prompts, lengths, parts = [], [], [], [], [], []
         for chunk, rollout, texts in self._samples(prompts):
             chunk_scores, keep = self.reward(chunk, texts, rollout.response_id_lists())
+            parts.append(self.reward.components)
             logp = self.policy.score(rollout).logprobs
             with self.reference.model() as ref:
                 ref_logp = self.policy.score(rollout, ref).logprobs
@@ -170,6 +171,7 @@ class Evaluator:
             f"{prefix}/reward": float(torch.cat(scores).mean()),
             f"{prefix}/kl_init": float(torch.cat(kls).mean()),
             f"{prefix}/response_length": float(torch.cat(lengths).mean()),
+            **{f"{prefix}/rewards/{name}": value for name, value in component_means(parts).items()},
         }
         if against in self.initial:
             if against not in self._initial_scores:

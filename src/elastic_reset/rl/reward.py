@@ -18,6 +18,10 @@ class CheckedReward:
     ``bad_reward: error`` and are dropped (score 0, kept False) under ``drop``. ``what`` names it in errors (the
     task's ``judge_fn`` is checked the same way).
 
+    A reward made of several (the ``prompts`` task's ``TRLReward``) may expose ``components``: each part's values
+    of its latest call by name; :attr:`components` then holds them for the caller to log, as TRL logs
+    ``rewards/<name>``.
+
     A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
     completions=..., completion_ids=...)`` (the completions' token ids, where the caller has them, as TRL passes
     them); any other is called positionally. An exception raised inside the reward propagates as it is, with its
@@ -31,6 +35,8 @@ class CheckedReward:
         self.bad_reward = bad_reward
         self.device = device
         self.keywords = takes_keyword(reward_fn)
+        self.components: dict[str, list[float | None]] = {}
+        """Each part's values of the latest call (None: no reward), where the reward exposes them."""
 
     def __call__(self, prompts: list[str], completions: list[str],
                  completion_ids: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +46,7 @@ class CheckedReward:
                 else (lambda: self.reward_fn(prompts, completions)))
         values = [math.nan if v is None else v for v in
                   call_reward(call, len(completions), who=who, raised_by=f"the {who}")]
+        self.components = dict(getattr(self.reward_fn, "components", None) or {})
         scores = torch.tensor(values, dtype=torch.float32, device=self.device)
         keep = torch.isfinite(scores)
         if not keep.all():
@@ -51,3 +58,14 @@ class CheckedReward:
             scores = torch.where(keep, scores, torch.zeros_like(scores))
         return scores, keep
 
+
+
+def component_means(parts: list[dict[str, list[float | None]]]) -> dict[str, float]:
+    """Each component's mean over every sample of ``parts`` (calls' :attr:`CheckedReward.components`) where it gave
+    a finite value: ``{name: mean}``; a component with none is left out."""
+    out = {}
+    for name in dict.fromkeys(name for part in parts for name in part):
+        values = [v for part in parts for v in part.get(name, []) if v is not None and math.isfinite(v)]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out

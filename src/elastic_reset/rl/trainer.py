@@ -40,7 +40,7 @@ from elastic_reset.rl.policy import (
 )
 from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
 from elastic_reset.rl.rehearsal import Rehearsal, embed, select_representatives
-from elastic_reset.rl.reward import CheckedReward
+from elastic_reset.rl.reward import CheckedReward, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
 from elastic_reset.lm.rollout import Rollout
@@ -307,6 +307,7 @@ class RLTrainer:
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
         scores, keep = self.reward(prompts, completions, rollout.response_id_lists())
+        components = component_means([self.reward.components])
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
         if not keep.any():
@@ -385,6 +386,7 @@ class RLTrainer:
             "kl_coef": beta,
             "response_length": float(rollout.response_lengths.float().mean()),
             "dropped": int((~keep).sum()),
+            **{f"rewards/{name}": value for name, value in components.items()},
         }
         for key in dict.fromkeys(key for st in stats for key in st):  # each statistic's mean over the minibatches
             values = [st[key] for st in stats if key in st]

@@ -206,6 +206,9 @@ class TRLReward:
         self.lookup = lookup
         self.columns = columns
         self.takes_ids = [takes_keyword(fn, "completion_ids") for _, fn in self.functions]
+        self.names = _short_names([spec for spec, _ in self.functions])
+        self.components: dict[str, list[float | None]] = {}
+        """Each reward's values of the latest call, by its short name (what the engine logs as ``rewards/…``)."""
         for (spec, fn), ids in zip(self.functions, self.takes_ids):
             try:
                 inspect.signature(fn).bind(prompts=[], completions=[], **({"completion_ids": []} if ids else {}),
@@ -226,17 +229,26 @@ class TRLReward:
             completions = [[{"role": "assistant", "content": c}] for c in completions]
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
-        for (spec, fn), weight, takes_ids in zip(self.functions, self.weights, self.takes_ids):
+        self.components = {}
+        for (spec, fn), weight, takes_ids, name in zip(self.functions, self.weights, self.takes_ids, self.names):
             ids = {"completion_ids": completion_ids} if takes_ids and completion_ids is not None else {}
             values = call_reward(functools.partial(fn, prompts=originals, completions=list(completions), **ids,
                                                    **columns),
                                  len(completions), who=f"task.options.reward: {spec}",
                                  raised_by=f"task.options.reward {spec}")
+            self.components[name] = values
             for i, v in enumerate(values):
                 if v is not None:  # TRL's None: this reward does not apply to this sample
                     total[i] += weight * v
                     seen[i] = True
         return [t if s else math.nan for t, s in zip(total, seen)]
+
+
+def _short_names(specs: list[str]) -> list[str]:
+    """A name per reward for the logs: a function's own, a model folder's last part (TRL's names), a repeated one
+    numbered."""
+    names = [spec.rsplit(":", 1)[-1] if ":" in spec else spec.rstrip("/").rsplit("/", 1)[-1] for spec in specs]
+    return [f"{n}_{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 _HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
