@@ -22,10 +22,11 @@ def main() -> None:
     prompts_seen = []
     score = trainer.reward
 
-    def recording_score(prompts, completions):
+    def recording_score(prompts, completions, *completion_ids):
         prompts_seen.append(list(prompts))
-        return score(prompts, completions)
+        return score(prompts, completions, *completion_ids)
 
+    recording_score.components = {}  # the training step logs a reward's parts; this task's has none
     trainer.reward = recording_score
     trainer.train()
     ema = trainer.method.ema
