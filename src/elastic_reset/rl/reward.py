@@ -59,7 +59,6 @@ class CheckedReward:
         return scores, keep
 
 
-
 def component_means(parts: list[dict[str, list[float | None]]]) -> dict[str, float]:
     """Each component's mean over every sample of ``parts`` (calls' :attr:`CheckedReward.components`) where it gave
     a finite value: ``{name: mean}``; a component with none is left out."""
