@@ -451,6 +451,11 @@ def test_conversational_prompts_are_rendered_by_the_template_and_reach_the_rewar
     assert len(t.eval_prompts) == 2
     asked = ["<system>Be brief.<user>Question 3?<assistant>", "<user>Go on:<assistant>Sure,"]
     assert t.reward_fn(asked, ["eee", "e"]) == [213.0, 211.0]
+    (files / "greedy.py").write_text("def pops(prompts, completions, **kwargs):\n"
+                                     "    return [float(len(p.pop()['content'])) for p in prompts]\n")
+    popping = chat_task(files, chat_rows(), reward=f"{files / 'greedy.py'}:pops")
+    popping.bind_tokenizer(tok)
+    assert popping.reward_fn(asked, ["x", "y"]) == popping.reward_fn(asked, ["x", "y"]) == [11.0, 5.0]
     t.bind_tokenizer(tok)  # idempotent
     assert sorted(t.train_prompts + t.eval_prompts) == sorted(shown)
 

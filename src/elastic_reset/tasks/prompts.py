@@ -41,6 +41,7 @@ and each completion as ``[{"role": "assistant", "content": text}]``.
 
 from __future__ import annotations
 
+import copy
 import csv
 import functools
 import inspect
@@ -227,6 +228,7 @@ class TRLReward:
         columns = {c: [row.get(c) if row else None for row in rows] for c in self.columns}
         if originals and isinstance(originals[0], list):  # conversational: completions as TRL passes them
             completions = [[{"role": "assistant", "content": c}] for c in completions]
+            originals = copy.deepcopy(originals)  # a reward may edit them in place (TRL's own code pops from them)
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
         self.components = {}
