@@ -624,3 +624,24 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
     import dataclasses
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)} | {"peft_config"}
     assert not [n for n in theirs if n not in fields], "README names GRPOConfig fields TRL does not have"
+
+
+def test_the_cli_flags_stand_for_the_prompts_task_and_the_model(files, capsys):
+    args = ["train", str(TINY), "--out", str(files / "run"), "--prompts", str(files / "prompts.jsonl"),
+            "--reward", f"{files / 'rewards.py'}:letter_reward", "--reward", f"{files / 'rewards.py'}:maybe",
+            "--set", "steps=1", "--set", "task.options.eval_fraction=0.3"]
+    assert main(args) == 0
+    saved = (files / "run" / "config.yaml").read_text()
+    assert "name: prompts" in saved and "eval_fraction: 0.3" in saved and ":maybe" in saved
+    train = [r for r in read_metrics(files / "run" / "metrics.jsonl") if "reward" in r]
+    assert len(train) == 1 and {"rewards/letter_reward", "rewards/maybe"} <= set(train[0])
+    assert main(["train", str(TINY), "--out", str(files / "run2"), "--model", str(files / "no-model"),
+                 "--prompts", str(files / "prompts.jsonl"), "--reward", f"{files / 'rewards.py'}:maybe"]) == 2
+    assert "no-model" in capsys.readouterr().err
+    assert not (files / "run2" / "config.yaml").exists()
+    # compare: the grid's command, rerun to continue it, says them as --set
+    assert main(["compare", str(TINY), "--out", str(files / "grid"), "--methods", "none", "--seeds", "1",
+                 "--prompts", str(files / "prompts.jsonl"), "--reward", f"{files / 'rewards.py'}:maybe",
+                 "--set", "steps=1"]) == 0
+    argv = json.loads((files / "grid" / "summary.json").read_text())["argv"]
+    assert "task.name=prompts" in argv and "--prompts" not in argv and argv[-1] == "steps=1"

@@ -1,9 +1,10 @@
 """``elastic-reset``: the command line.
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
+                  [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
-                  [--score reward|task_bleu]
+                  [--score reward|task_bleu] [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
@@ -29,6 +30,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -37,11 +39,35 @@ from elastic_reset.errors import ElasticResetError
 from elastic_reset.evaluation.runs import DRIFTS, SCORES
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` items, after those that ``--model``, ``--prompts`` and ``--reward`` stand for (TRL's CLI habits:
+    ``--model_name_or_path``, ``--dataset_name``, ``--reward_funcs``); a ``--set`` given too wins."""
+    items = [f"model.name={json.dumps(args.model)}"] if args.model else []
+    if args.prompts is not None or args.reward:
+        options = {}
+        if args.prompts is not None:  # a file or folder here, else a datasets name
+            options["path" if os.path.exists(args.prompts) else "dataset"] = args.prompts
+        if args.reward:
+            options["reward"] = args.reward if len(args.reward) > 1 else args.reward[0]
+        items += ["task.name=prompts", f"task.options={json.dumps(options)}"]
+    return items + (args.set or [])
+
+
+def _add_task_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model.name: a Hub name or a folder (or smollm2, tiny-llama, ...)")
+    parser.add_argument("--prompts", metavar="FILE|DATASET", help="the prompts task on this file or folder, or "
+                        "datasets name: task.name=prompts, task.options.path (or .dataset); replaces the config's "
+                        "task options")
+    parser.add_argument("--reward", action="append", metavar="SPEC", help="a reward of the prompts task, as "
+                        "task.options.reward: module:function, path/to/file.py:function or a reward model's "
+                        "folder (repeatable: summed)")
+
+
 def _train(args: argparse.Namespace) -> int:
     from elastic_reset.rl.config import load_config
     from elastic_reset.rl.trainer import RLTrainer
 
-    config = load_config(args.config, args.set or [])
+    config = load_config(args.config, _overrides(args))
     trainer = RLTrainer(config, args.out, resume=args.resume)
     trainer.train()
     if trainer.dp.is_main:
@@ -55,6 +81,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     methods = parse_methods(args.methods)
     method_overrides = parse_method_overrides(args.method_set or [], methods)
+    args.set = _overrides(args)  # the canonical command below says them as --set
     # The command as parsed, in canonical form: rerunning it continues (or reproduces) this grid.
     command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
                ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
@@ -439,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set algo.lr=1e-5 (repeatable)")
+    _add_task_flags(train)
     train.set_defaults(func=_train)
 
     compare = sub.add_parser("compare", help="train methods × seeds from one config (resumable), then report")
@@ -460,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--method-set", action="append", metavar="LABEL:KEY=VALUE",
                          help="override a config value for one method's runs, e.g. elastic_reset:kl.coef=0.001 "
                               "(repeatable)")
+    _add_task_flags(compare)
     _add_report_metrics(compare)
     compare.set_defaults(func=_compare)
 
