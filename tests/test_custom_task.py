@@ -460,6 +460,19 @@ def test_conversational_prompts_are_rendered_by_the_template_and_reach_the_rewar
     assert sorted(t.train_prompts + t.eval_prompts) == sorted(shown)
 
 
+def test_a_template_that_writes_the_bos_token_leaves_one_when_the_tokenizer_adds_it_too(files):
+    from tokenizers.processors import TemplateProcessing
+
+    tok = byte_tokenizer_with("{{ bos_token }}" + TEMPLATE)
+    t = chat_task(files, chat_rows())
+    t.bind_tokenizer(tok)  # this tokenizer adds no BOS: the template's stays
+    assert all(p.startswith("<s><") for p in t.train_prompts)
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    t.bind_tokenizer(tok)  # one that adds it (Llama's): one BOS, as the policy encodes the prompt
+    ids = tok(t.train_prompts).input_ids
+    assert all(row[0] == tok.bos_token_id != row[1] for row in ids)
+
+
 @pytest.mark.parametrize("template, options, pattern", [
     (None, {}, r"chat messages, which need .* a chat template, and it has none$"),
     (TEMPLATE, {"chat_template": False}, r"chat messages, .* and it is switched off \(false\)$"),

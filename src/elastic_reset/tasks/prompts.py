@@ -329,8 +329,12 @@ def conversation_key(messages: list[dict[str, Any]]) -> str:
 def _render(tokenizer, messages: list[dict[str, Any]]) -> str:
     # As TRL renders a prompt-only conversation: a final assistant turn is continued, any other answered.
     cont = messages[-1]["role"] == "assistant"
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
                                          continue_final_message=cont)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]  # the tokenizer adds it when the policy encodes the prompt: once, not twice
+    return text
 
 
 @register_task("prompts")
