@@ -651,6 +651,8 @@ def test_the_cli_flags_stand_for_the_prompts_task_and_the_model(files, capsys):
     assert main(["train", str(TINY), "--out", str(files / "run2"), "--model", str(files / "no-model"),
                  "--prompts", str(files / "prompts.jsonl"), "--reward", f"{files / 'rewards.py'}:maybe"]) == 2
     assert "no-model" in capsys.readouterr().err
+    assert main(["train", str(TINY), "--out", str(files / "run2"), "--prompts", "typo.jsonl", "--reward", "m:f"]) == 2
+    assert "task.options.path: no such file or folder 'typo.jsonl'" in capsys.readouterr().err  # not a Hub name
     assert not (files / "run2" / "config.yaml").exists()
     # compare: the grid's command, rerun to continue it, says them as --set
     assert main(["compare", str(TINY), "--out", str(files / "grid"), "--methods", "none", "--seeds", "1",

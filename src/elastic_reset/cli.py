@@ -45,8 +45,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     items = [f"model.name={json.dumps(args.model)}"] if args.model else []
     if args.prompts is not None or args.reward:
         options = {}
-        if args.prompts is not None:  # a file or folder here, else a datasets name
-            options["path" if os.path.exists(args.prompts) else "dataset"] = args.prompts
+        if args.prompts is not None:  # a file or folder here (or named like a file), else a datasets name
+            local = os.path.exists(args.prompts) or args.prompts.lower().endswith((".jsonl", ".json", ".csv", ".tsv",
+                                                                                   ".txt"))
+            options["path" if local else "dataset"] = args.prompts
         if args.reward:
             options["reward"] = args.reward if len(args.reward) > 1 else args.reward[0]
         items += ["task.name=prompts", f"task.options={json.dumps(options)}"]
