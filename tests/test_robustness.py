@@ -454,3 +454,10 @@ def test_version_is_the_installed_package_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"elastic-reset {version('elastic-reset')}"
+
+
+def test_a_librarys_error_is_cut_to_its_first_line_or_named_by_its_type():
+    from elastic_reset.errors import first_line
+
+    assert first_line(OSError("  not found\nsee the docs\n")) == "not found"
+    assert first_line(OSError()) == "OSError"  # an empty message must not become an IndexError

@@ -40,3 +40,9 @@ class GridError(ElasticResetError, RuntimeError):
 
 class DirectoryInUseError(ElasticResetError, RuntimeError):
     """Another live process holds the lock of a run or grid directory. The message names it and its PID."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or its type's name where it has none: a library's error cut to fit the
+    one-line message that names the key or file at fault."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

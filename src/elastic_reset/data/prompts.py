@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.data.jsonl import json_objects
-from elastic_reset.errors import ConfigError, DataFileError
+from elastic_reset.errors import ConfigError, DataFileError, first_line
 
 _RESERVED = ("prompts", "completions", "completion_ids")
 """Keyword names the reward call uses itself: a dataset column with such a name is not passed on."""
@@ -66,8 +66,7 @@ def _read_dataset(source: str, split: str, key: str) -> list[dict[str, Any]]:
     try:
         data = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(source, split=split)
     except Exception as err:  # noqa: BLE001  (hub, network, builder and file errors alike: one line naming it)
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"{key}: cannot load dataset {source!r} ({first})") from None
+        raise ConfigError(f"{key}: cannot load dataset {source!r} ({first_line(err)})") from None
     return _rows_of(data, split, key, f"dataset {source!r}")
 
 

@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from elastic_reset.errors import ConfigError
+from elastic_reset.errors import ConfigError, first_line
 from elastic_reset.lm.scoring import ResponseOutput, device_of, forward_response, token_nll
 from elastic_reset.rl.config import ModelConfig, SamplingConfig
 from elastic_reset.lm.rollout import Rollout
@@ -71,7 +71,7 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         except (OSError, ValueError) as err:  # not a folder, not reachable on the hub, not a model
             raise ConfigError(f"model.name: cannot load {config.name!r}: not one of tiny-llama, tiny-gpt2, smollm2, "
                               f"imdb-gpt2, imdb-smollm2, translation-fr-en, and from_pretrained failed "
-                              f"({str(err).splitlines()[0]})") from None
+                              f"({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         raise ConfigError(
             f"model.name={config.name!r}: the tokenizer has no pad token; batched sampling needs one "

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from elastic_reset.errors import ConfigError, NonFiniteError, RewardError
+from elastic_reset.errors import ConfigError, NonFiniteError, RewardError, first_line
 from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, use_fp32_attention
 from elastic_reset.lm.device import autocast_dtype, resolve_device
 from elastic_reset.lm.scoring import ResponseOutput, contiguous_head_input
@@ -209,7 +209,7 @@ class RLTrainer:
             lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except (OSError, ValueError) as err:
             raise ConfigError(f"kl.reference: cannot load the task's reference LM {path} "
-                              f"({str(err).splitlines()[0]})") from None
+                              f"({first_line(err)})") from None
         if lm.config.vocab_size != self.model.config.vocab_size:
             raise ConfigError(f"kl.reference: the task's reference LM {path} has a vocabulary of "
                               f"{lm.config.vocab_size} tokens, the policy {self.model.config.vocab_size}")

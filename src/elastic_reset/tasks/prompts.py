@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.data.prompts import read_texts
-from elastic_reset.errors import ConfigError, DataFileError
+from elastic_reset.errors import ConfigError, DataFileError, first_line
 from elastic_reset.rewards.calling import call_reward, takes_keyword
 from elastic_reset.tasks.base import Task, load_object, register_task
 
@@ -156,9 +156,8 @@ def reward_function(spec: Any, chat: bool = False) -> tuple[str, Any]:
     try:
         return spec, SequenceScoreReward(spec)
     except (OSError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"task.options.reward: {spec} is not module:function, and no reward model loads from "
-                          f"it ({first})") from None
+                          f"it ({first_line(err)})") from None
 
 
 # ------------------------------------------------------------------------------------------------ the task
