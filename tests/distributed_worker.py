@@ -22,9 +22,9 @@ def main() -> None:
     prompts_seen = []
     score = trainer.reward
 
-    def recording_score(prompts, completions, *completion_ids):
+    def recording_score(prompts, completions, *rollout):
         prompts_seen.append(list(prompts))
-        return score(prompts, completions, *completion_ids)
+        return score(prompts, completions, *rollout)
 
     recording_score.components = {}  # the training step logs a reward's parts; this task's has none
     trainer.reward = recording_score

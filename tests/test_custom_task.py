@@ -267,7 +267,12 @@ def test_trls_own_token_id_reward_gets_the_completion_ids(files):
     t = get_task("prompts", path=str(files / "prompts.jsonl"),
                  reward=[rewards.get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4),
                          f"{files / 'rewards.py'}:letter_reward"])
-    scores, _ = checked(t)([PROMPTS[0], PROMPTS[1]], ["ee", "bbbbbbb"], [[5] * 3, [7] * 7])
+    from elastic_reset.lm.rollout import Rollout
+
+    ids = torch.tensor([[5, 5, 5, 0, 0, 0, 0], [7] * 7])  # 3 and 7 tokens, right-padded
+    rollout = Rollout(query_ids=torch.ones(2, 1, dtype=torch.long), query_mask=torch.ones(2, 1, dtype=torch.long),
+                      response_ids=ids, response_mask=(ids > 0).float(), logprobs=torch.zeros(2, 7))
+    scores, _ = checked(t)([PROMPTS[0], PROMPTS[1]], ["ee", "bbbbbbb"], rollout)
     assert scores.tolist() == pytest.approx([0.0 + 1.0, -0.75 + 0.0])  # (8 - 4 - 7) / 4 for 7 tokens
 
 

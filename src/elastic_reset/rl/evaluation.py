@@ -155,7 +155,7 @@ class Evaluator:
             prompts = self.task.eval_prompts[:e.num_prompts]
         scores, completions, kls, all_prompts, lengths, parts = [], [], [], [], [], []
         for chunk, rollout, texts in self._samples(prompts):
-            chunk_scores, keep = self.reward(chunk, texts, rollout.response_id_lists())
+            chunk_scores, keep = self.reward(chunk, texts, rollout)
             parts.append(self.reward.components)
             logp = self.policy.score(rollout).logprobs
             with self.reference.model() as ref:

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from elastic_reset.errors import RewardError
+from elastic_reset.lm.rollout import Rollout
 from elastic_reset.rewards.calling import call_reward, takes_keyword
 
 
@@ -23,9 +24,9 @@ class CheckedReward:
     ``rewards/<name>``.
 
     A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
-    completions=..., completion_ids=...)`` (the completions' token ids, where the caller has them, as TRL passes
-    them); any other is called positionally. An exception raised inside the reward propagates as it is, with its
-    own traceback (and a note naming the task)."""
+    completions=..., completion_ids=...)`` (the completions' token ids, from the ``rollout`` the caller passes, as
+    TRL passes them); any other is called positionally. An exception raised inside the reward propagates as it is,
+    with its own traceback (and a note naming the task)."""
 
     def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
                  bad_reward: Literal["error", "drop"], device: torch.device, what: str = "reward function"):
@@ -39,9 +40,10 @@ class CheckedReward:
         """Each part's values of the latest call (None: no reward), where the reward exposes them."""
 
     def __call__(self, prompts: list[str], completions: list[str],
-                 completion_ids: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 rollout: Rollout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         who = f"{self.what} of task {self.task_name!r}"
-        ids = {} if completion_ids is None else {"completion_ids": completion_ids}
+        # The token ids only for a reward called TRL's way: no per-step copy of them for the others.
+        ids = {"completion_ids": rollout.response_id_lists()} if rollout is not None and self.keywords else {}
         call = ((lambda: self.reward_fn(prompts=prompts, completions=completions, **ids)) if self.keywords
                 else (lambda: self.reward_fn(prompts, completions)))
         values = [math.nan if v is None else v for v in

@@ -259,8 +259,8 @@ class RLTrainer:
             chunk = prompts[start:start + 32]
             rollout = self.policy.sample(chunk, generator)
             completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
+            scores, keep = self.reward(chunk, completions, rollout)
             response_ids = rollout.response_id_lists()
-            scores, keep = self.reward(chunk, completions, response_ids)
             for i in keep.nonzero().flatten().tolist():
                 rows.append({"prompt": chunk[i], "response": completions[i],
                              "query_ids": rollout.query_ids[i][rollout.query_mask[i].bool()].tolist(),
@@ -306,7 +306,7 @@ class RLTrainer:
 
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
-        scores, keep = self.reward(prompts, completions, rollout.response_id_lists())
+        scores, keep = self.reward(prompts, completions, rollout)
         components = component_means([self.reward.components])
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
