@@ -299,6 +299,133 @@ def test_a_run_passes_each_sample_its_token_ids_and_logs_each_reward(files):
         assert r["eval/reward"] == pytest.approx(r["eval/rewards/n_tokens"] + 10 * r["eval/rewards/letter_reward"])
 
 
+SCHEDULED = """
+def scheduled(prompts, completions, trainer_state, log_metric, log_extra, **kwargs):
+    log_metric("progress", trainer_state.global_step / trainer_state.max_steps)
+    log_extra("length", [len(c) for c in completions])
+    return [float(trainer_state.global_step)] * len(completions)
+"""
+
+
+def test_a_trl_reward_gets_the_trainer_state_and_what_it_logs_reaches_the_run_logs(files):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    (files / "sched.py").write_text(SCHEDULED)
+    config = tiny_config("task.name=prompts", "steps=3", "eval.every=3", "eval.num_prompts=2", "log_completions=true",
+                         f"task.options={{path: {files / 'prompts.jsonl'}, reward: {files / 'sched.py'}:scheduled}}")
+    records = RLTrainer(config, files / "run").train()
+    train = [r for r in records if "reward" in r]
+    # as in TRL, global_step counts the iterations done before this one's rewards; max_steps is the run's steps
+    assert [(r["step"], r["reward"], r["progress"]) for r in train] == [(1, 0.0, 0.0), (2, 1.0, 1 / 3),
+                                                                         (3, 2.0, 2 / 3)]
+    evals = [r for r in records if "eval/reward" in r]
+    assert [(r["step"], r["eval/reward"], r["eval/progress"]) for r in evals] == [(0, 0.0, 0.0), (3, 3.0, 1.0)]
+    rows = read_metrics(files / "run" / "completions.jsonl")
+    n = config.algo.prompts_per_step * config.algo.samples_per_prompt
+    assert [r["step"] for r in rows] == [1] * n + [2] * n + [3] * n
+    assert all(r["length"] == len(r["completion"]) and r["reward"] == r["rewards/scheduled"] == r["step"] - 1
+               and r["prompt"] in PROMPTS for r in rows)
+
+
+def test_a_resumed_run_writes_each_steps_completions_once(files):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    def config(steps):
+        return tiny_config("task.name=prompts", f"steps={steps}", "checkpoint_every=2", "log_completions=true",
+                           f"task.options={{path: {files / 'prompts.jsonl'}, reward: {files / 'rewards.py'}:echo}}")
+
+    run = files / "run"
+    RLTrainer(config(2), run).train()
+    # a crash after step 3's rows, before its checkpoint: a resumed run writes step 3 again, and only once
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        with open(run / name, "a") as f:
+            f.write(json.dumps({"step": 3, "reward": 0.0, "prompt": "lost"}) + "\n")
+    RLTrainer(config(3), run, resume=True).train()
+    steps = [r["step"] for r in read_metrics(run / "completions.jsonl")]
+    n = steps.count(1)
+    assert n > 0 and steps == [1] * n + [2] * n + [3] * n
+    assert "lost" not in (run / "completions.jsonl").read_text()
+
+
+ASYNC = """
+import asyncio
+
+first_done = None
+
+async def waits_for_the_other(prompts, completions, **kwargs):
+    await asyncio.wait_for(first_done.wait(), timeout=5)
+    return [1.0] * len(completions)
+
+async def sets_it(prompts, completions, **kwargs):
+    first_done.set()
+    return [2.0] * len(completions)
+
+def plain(prompts, completions, **kwargs):
+    global first_done
+    first_done = asyncio.Event()
+    return [4.0] * len(completions)
+"""
+
+
+def test_async_rewards_run_together_as_trl_runs_them_also_inside_a_running_event_loop(files):
+    import asyncio
+
+    (files / "async_rewards.py").write_text(ASYNC)
+    # the first async reward waits for the second: it ends only when both run at once (sequentially: a timeout)
+    t = task(files, reward=[f"{files / 'async_rewards.py'}:{name}" for name in
+                            ("plain", "waits_for_the_other", "sets_it")])
+    assert checked(t)([PROMPTS[0]] * 2, ["a", "b"])[0].tolist() == [7.0, 7.0]
+
+    async def in_a_notebook():  # asyncio.run is refused inside a running loop
+        return checked(t)([PROMPTS[0]], ["a"])[0].tolist()
+
+    assert asyncio.run(in_a_notebook()) == [7.0]
+
+
+BAD_LOGS = """
+def not_a_number(prompts, completions, log_metric, **kwargs):
+    log_metric("x", "high")
+    return [0.0] * len(completions)
+
+def short_column(prompts, completions, log_extra, **kwargs):
+    log_extra("x", [1])
+    return [0.0] * len(completions)
+
+def taken_column(prompts, completions, log_extra, **kwargs):
+    log_extra("prompt", list(completions))
+    return [0.0] * len(completions)
+
+def taken_metric(prompts, completions, log_metric, **kwargs):
+    log_metric("reward", 1.0)
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("not_a_number", r"^log_metric\('x', \.\.\.\): expected a number, got 'high'$"),
+    ("short_column", r"^log_extra\('x', \.\.\.\): expected one value per completion \(2\), got 1$"),
+    ("taken_column", r"^log_extra\('prompt', \.\.\.\): a column of the completions log already"),
+])
+def test_what_a_reward_logs_badly_is_one_line(files, name, pattern):
+    (files / "bad_logs.py").write_text(BAD_LOGS)
+    with pytest.raises(RewardError, match=pattern):
+        checked(task(files, reward=f"{files / 'bad_logs.py'}:{name}"))([PROMPTS[0]] * 2, ["a", "b"])
+
+
+def test_a_logged_metric_never_overwrites_the_trainers_own(files):
+    from elastic_reset.rl.trainer import RLTrainer
+    from helpers import tiny_config
+
+    (files / "bad_logs.py").write_text(BAD_LOGS)
+    reward = f"{files / 'bad_logs.py'}:taken_metric"
+    config = tiny_config("task.name=prompts", "steps=1",
+                         f"task.options={{path: {files / 'prompts.jsonl'}, reward: {reward}}}")
+    with pytest.raises(RewardError, match=r"^log_metric\('reward', \.\.\.\): 'reward' is a metric the trainer logs"):
+        RLTrainer(config, files / "run").train()
+
+
 def test_each_reward_has_a_short_name_for_the_logs(files):
     from elastic_reset.tasks.prompts import _short_names
 
@@ -636,7 +763,7 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
                                                        inspect.signature(prompts_task).parameters}
     theirs = [n.split("=")[0] for trl, _ in rows for n in trl]
     named = [n for _, here in rows for n in here]
-    assert len(rows) == 11 and len(theirs) >= 20
+    assert len(rows) == 12 and len(theirs) >= 20
     assert not [n for n in named if n not in ours], "README names settings the config does not have"
     trl = pytest.importorskip("trl")
     import dataclasses

@@ -128,6 +128,19 @@ def test_records_reach_each_tracker_as_scalars_reset_scalars_and_tables_where_it
     assert trackers.trackers == []
 
 
+def test_completion_rows_reach_trackers_that_take_tables_as_one_table(tmp_path):
+    from elastic_reset.rl.tracking import Trackers
+
+    trackers = Trackers([], tmp_path, {})
+    plain, tables = StubTracker(), StubTableTracker()
+    trackers.trackers = [plain, tables]
+    trackers.log_rows("completions", [{"step": 2, "prompt": "p", "completion": "a", "reward": 1.0},
+                                      {"step": 2, "prompt": "q", "completion": "b", "reward": None}])
+    assert plain.logged == []
+    assert tables.logged == [(2, {"completions": (["step", "prompt", "completion", "reward"],
+                                                  [[2, "p", "a", 1.0], [2, "q", "b", None]])})]
+
+
 def test_a_continued_run_may_add_a_tracker_but_not_change_a_number(tmp_path):
     from elastic_reset.errors import ConfigError
     from elastic_reset.rl.trainer import RLTrainer

@@ -327,6 +327,10 @@ class TrainConfig(Section):
     given without the list. ``metrics.jsonl`` is written either way."""
     tensorboard: bool = False
     """Also write TensorBoard event files into ``RUN/tensorboard``: the same as ``report_to: [tensorboard]``."""
+    log_completions: bool = False
+    """Write every iteration's samples to ``RUN/completions.jsonl`` (step, prompt, completion, reward, each reward's
+    part, the columns a reward adds with TRL's ``log_extra``) and send them as a ``completions`` table to the
+    trackers that take tables (W&B, ...): TRL's ``log_completions``. Under ``accelerate launch``, rank 0's share."""
     progress: bool = True
     """Show a progress bar."""
     threads: PositiveInt | None = None
@@ -680,7 +684,7 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "progress")
+RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "log_completions", "progress")
 """The settings a continued run may change: how far it goes and where it reports, nothing that changes a number."""
 
 

@@ -19,7 +19,7 @@ from elastic_reset.io import atomic_write_text
 from elastic_reset.rl.config import TrainConfig
 from elastic_reset.rl.methods import DriftMethod
 from elastic_reset.rl.policy import Policy, Reference
-from elastic_reset.rl.reward import CheckedReward, component_means
+from elastic_reset.rl.reward import CheckedReward, add_logged, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.tasks import Task
 
@@ -153,10 +153,11 @@ class Evaluator:
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
-        scores, completions, kls, all_prompts, lengths, parts = [], [], [], [], [], []
+        scores, completions, kls, all_prompts, lengths, parts, logged = [], [], [], [], [], [], []
         for chunk, rollout, texts in self._samples(prompts):
             chunk_scores, keep = self.reward(chunk, texts, rollout)
             parts.append(self.reward.components)
+            logged.append(self.reward.logged)
             logp = self.policy.score(rollout).logprobs
             with self.reference.model() as ref:
                 ref_logp = self.policy.score(rollout, ref).logprobs
@@ -186,5 +187,6 @@ class Evaluator:
             for key, value in self.task.metrics_fn(prompts, completions).items():
                 record[f"{prefix}/{key}"] = float(value)
         record[f"{prefix}/sample"] = completions[0]
+        add_logged(record, component_means(logged), f"{prefix}/")
         return record
 

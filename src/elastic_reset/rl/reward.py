@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from transformers import TrainerState
 
 from elastic_reset.errors import RewardError
 from elastic_reset.lm.rollout import Rollout
@@ -23,29 +25,43 @@ class CheckedReward:
     of its latest call by name; :attr:`components` then holds them for the caller to log, as TRL logs
     ``rewards/<name>``.
 
-    A reward that takes ``**kwargs`` follows TRL's convention and is called ``reward_fn(prompts=...,
-    completions=..., completion_ids=...)`` (the completions' token ids, from the ``rollout`` the caller passes, as
-    TRL passes them); any other is called positionally. An exception raised inside the reward propagates as it is,
-    with its own traceback (and a note naming the task)."""
+    A reward that takes ``**kwargs`` follows TRL's convention and is called as ``GRPOTrainer`` calls one:
+    ``reward_fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_metric=...,
+    log_extra=...)``: the completions' token ids (from the ``rollout`` the caller passes); :attr:`state`, a
+    ``transformers.TrainerState`` whose ``global_step`` (iterations done) and ``max_steps`` the trainer keeps;
+    ``log_metric(name, value)``, whose values the caller logs (:attr:`logged`); ``log_extra(column, values)``, one
+    value per completion (:attr:`extra`). Any other reward is called positionally. An exception raised inside the
+    reward propagates as it is, with its own traceback (and a note naming the task)."""
 
     def __init__(self, reward_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]], task_name: str,
-                 bad_reward: Literal["error", "drop"], device: torch.device, what: str = "reward function"):
+                 bad_reward: Literal["error", "drop"], device: torch.device, what: str = "reward function",
+                 max_steps: int = 0):
         self.reward_fn = reward_fn
         self.what = what
         self.task_name = task_name
         self.bad_reward = bad_reward
         self.device = device
         self.keywords = takes_keyword(reward_fn)
+        self.state = TrainerState(max_steps=max_steps)
+        """What a TRL reward gets as ``trainer_state``; the trainer sets its ``global_step``."""
         self.components: dict[str, list[float | None]] = {}
         """Each part's values of the latest call (None: no reward), where the reward exposes them."""
+        self.logged: dict[str, list[float]] = {}
+        """The values the reward gave ``log_metric`` in the latest call, by name."""
+        self.extra: dict[str, list[Any]] = {}
+        """The columns the reward gave ``log_extra`` in the latest call, one value per completion."""
 
     def __call__(self, prompts: list[str], completions: list[str],
                  rollout: Rollout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         who = f"{self.what} of task {self.task_name!r}"
-        # The token ids only for a reward called TRL's way: no per-step copy of them for the others.
-        ids = {"completion_ids": rollout.response_id_lists()} if rollout is not None and self.keywords else {}
-        call = ((lambda: self.reward_fn(prompts=prompts, completions=completions, **ids)) if self.keywords
-                else (lambda: self.reward_fn(prompts, completions)))
+        self.logged, self.extra = {}, {}
+        if self.keywords:  # the token ids only for a reward called TRL's way: no per-step copy for the others
+            ids = {"completion_ids": rollout.response_id_lists()} if rollout is not None else {}
+            trl = dict(trainer_state=self.state, log_metric=self._log_metric,
+                       log_extra=functools.partial(self._log_extra, len(completions)))
+            call = functools.partial(self.reward_fn, prompts=prompts, completions=completions, **ids, **trl)
+        else:
+            call = functools.partial(self.reward_fn, prompts, completions)
         values = [math.nan if v is None else v for v in
                   call_reward(call, len(completions), who=who, raised_by=f"the {who}")]
         self.components = dict(getattr(self.reward_fn, "components", None) or {})
@@ -59,6 +75,54 @@ class CheckedReward:
                                   "drop such samples instead")
             scores = torch.where(keep, scores, torch.zeros_like(scores))
         return scores, keep
+
+    def _log_metric(self, name: str, value: float) -> None:
+        try:
+            self.logged.setdefault(str(name), []).append(float(value))
+        except (TypeError, ValueError):
+            raise RewardError(f"log_metric({name!r}, ...): expected a number, got {value!r}") from None
+
+    def _log_extra(self, expected: int, column: str, values: Sequence[Any]) -> None:
+        values = list(values)
+        if len(values) != expected:
+            raise RewardError(f"log_extra({column!r}, ...): expected one value per completion ({expected}), "
+                              f"got {len(values)}")
+        if str(column) in ROW_KEYS or str(column).startswith("rewards/"):
+            raise RewardError(f"log_extra({column!r}, ...): a column of the completions log already; choose "
+                              "another name")
+        if str(column) in self.extra:
+            raise RewardError(f"log_extra({column!r}, ...): that column was already logged for these completions")
+        self.extra[str(column)] = values
+
+
+ROW_KEYS = ("step", "prompt", "completion", "reward")
+"""The columns every row of ``completions.jsonl`` has (then ``rewards/<name>`` and the rewards' own columns)."""
+
+
+def completion_rows(step: int, prompts: list[str], completions: list[str], rewards: list[float | None],
+                    components: dict[str, list[float | None]], extra: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """One row per sample for ``completions.jsonl`` (TRL's completions table): ``rewards`` None where dropped;
+    :attr:`CheckedReward.components` and :attr:`CheckedReward.extra` of the call that scored them. Values a reward
+    logged that JSON cannot hold are written as numbers where they have ``item()`` (NumPy, torch), else as text."""
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return value.item() if hasattr(value, "item") else str(value)
+
+    return [{"step": step, "prompt": prompt, "completion": completion, "reward": reward,
+             **{f"rewards/{name}": values[i] for name, values in components.items()},
+             **{column: plain(values[i]) for column, values in extra.items()}}
+            for i, (prompt, completion, reward) in enumerate(zip(prompts, completions, rewards))]
+
+
+def add_logged(record: dict[str, Any], means: dict[str, float], prefix: str = "") -> None:
+    """Put what rewards gave ``log_metric`` (their means) into ``record`` as ``PREFIX + name``, as TRL logs them;
+    a name the record already has is refused, not overwritten."""
+    for name, value in means.items():
+        if prefix + name in record:
+            raise RewardError(f"log_metric({name!r}, ...): {prefix + name!r} is a metric the trainer logs itself; "
+                              "choose another name")
+        record[prefix + name] = value
 
 
 def component_means(parts: list[dict[str, list[float | None]]]) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 ``RunDirectory`` refuses what would overwrite or mix runs, holds the directory's lock for as long as the run
 lives (a second writer is refused, naming the holder's PID), writes ``config.yaml`` and ``task.json``, and on
-``--resume`` finds the checkpoint to continue from and cuts ``metrics.jsonl`` back to it; every start appends the
-machine it runs on to ``machines.jsonl``. It never restarts
+``--resume`` finds the checkpoint to continue from and cuts ``metrics.jsonl`` (and ``completions.jsonl``) back to
+it; every start appends the machine it runs on to ``machines.jsonl``. It never restarts
 from step 0 over results that a checkpoint once covered. Under data parallelism rank 0 alone locks and writes.
 """
 
@@ -37,6 +37,7 @@ class RunDirectory:
         self.config = config
         self.is_main = is_main
         self.metrics = MetricsLog(self.path / "metrics.jsonl")
+        self.completions = MetricsLog(self.path / "completions.jsonl")  # log_completions: each sample, by step
         self._lock = DirectoryLock(self.path, "run")
         self._created = False
 
@@ -148,4 +149,5 @@ class RunDirectory:
     def _truncate_metrics(self, step: int) -> None:
         if self.is_main:
             self.metrics.truncate_after(step)
+            self.completions.truncate_after(step)
 

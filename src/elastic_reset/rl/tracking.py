@@ -79,6 +79,17 @@ class Trackers:
             for key, text in texts.items():
                 _log_text(tracker, key, text, step)
 
+    def log_rows(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """``rows`` (dicts with the same keys, ``step`` among them) as a table ``name`` at their step, to every
+        tracker that takes tables (W&B, Comet, ...; TensorBoard takes none)."""
+        if not rows:
+            return
+        columns = list(rows[0])
+        data = [[row.get(c) for c in columns] for row in rows]
+        for tracker in self.trackers:
+            if hasattr(tracker, "log_table"):
+                tracker.log_table(table_name=name, columns=columns, data=data, step=rows[0]["step"])
+
     def close(self) -> None:
         """Finish every tracker (flushes TensorBoard's files, ends a W&B run). Idempotent."""
         trackers, self.trackers = self.trackers, []

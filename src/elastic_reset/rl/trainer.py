@@ -40,7 +40,7 @@ from elastic_reset.rl.policy import (
 )
 from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
 from elastic_reset.rl.rehearsal import Rehearsal, embed, select_representatives
-from elastic_reset.rl.reward import CheckedReward, component_means
+from elastic_reset.rl.reward import CheckedReward, add_logged, completion_rows, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
 from elastic_reset.lm.rollout import Rollout
@@ -108,7 +108,8 @@ class RLTrainer:
         self.policy = Policy(self.model, self.tokenizer, sampling=config.sampling,
                              max_prompt_tokens=config.model.max_prompt_tokens, autocast_dtype=self.autocast_dtype,
                              max_text_tokens=config.eval.max_text_tokens)
-        self.reward = CheckedReward(self.task.reward_fn, self.task.name, config.bad_reward, self.device)
+        self.reward = CheckedReward(self.task.reward_fn, self.task.name, config.bad_reward, self.device,
+                                    max_steps=config.steps)
         self._check_task_inputs()
 
         self.reference = Reference(self.model, self.is_lora)
@@ -306,8 +307,11 @@ class RLTrainer:
 
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
+        self.reward.state.global_step = self.step  # a TRL reward's trainer_state: the iterations done
         scores, keep = self.reward(prompts, completions, rollout)
         components = component_means([self.reward.components])
+        if c.log_completions and self.dp.is_main:
+            self._log_completions(prompts, completions, scores, keep)
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
         if not keep.any():
@@ -388,6 +392,7 @@ class RLTrainer:
             "dropped": int((~keep).sum()),
             **{f"rewards/{name}": value for name, value in components.items()},
         }
+        add_logged(record, component_means([self.reward.logged]))
         for key in dict.fromkeys(key for st in stats for key in st):  # each statistic's mean over the minibatches
             values = [st[key] for st in stats if key in st]
             record[key] = sum(values) / len(values)
@@ -398,6 +403,17 @@ class RLTrainer:
         if self.device.type == "cuda":  # what the process has held on the GPU so far (compare --jobs sizes by it)
             record["memory/gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
+
+    def _log_completions(self, prompts: list[str], completions: list[str], scores: torch.Tensor,
+                         keep: torch.Tensor) -> None:
+        """This iteration's samples into ``completions.jsonl`` and the trackers' ``completions`` table."""
+        rows = completion_rows(self.step + 1, prompts, completions,
+                               [float(v) if k else None for v, k in zip(scores.tolist(), keep.tolist())],
+                               self.reward.components, self.reward.extra)
+        for row in rows:
+            self.run.completions.write(row)
+        if self._open_trackers() is not None:
+            self._trackers.log_rows("completions", rows)
 
     def _policy_forward(self, rollout: Rollout) -> ResponseOutput:
         """The update's forward, with grad: log-probs, entropy and (PPO) the hidden states for values."""
@@ -532,10 +548,14 @@ class RLTrainer:
         if not self.dp.is_main:
             return
         self.metrics.write(record)
-        if self._trackers is None and self.config.trackers():  # opened at the first record: set-up writes nothing
-            self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config))
-        if self._trackers is not None:
+        if self._open_trackers() is not None:
             self._trackers.log(record)
+
+    def _open_trackers(self) -> Trackers | None:
+        """The run's trackers, opened at the first record (set-up writes nothing); None without any."""
+        if self._trackers is None and self.config.trackers():
+            self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config))
+        return self._trackers
 
     def _eval_due(self, step: int) -> bool:
         every = self.config.eval.every
@@ -545,6 +565,7 @@ class RLTrainer:
         """Rank 0 evaluates and logs, the others wait for it (evaluation draws its own noise: it changes no
         state). ``test``: the task's test split instead of validation."""
         record = None
+        self.reward.state.global_step = self.step
         if self.dp.is_main:
             record = {"step": self.step, **(self.evaluator.test() if test else self.evaluate())}
             self._log(record)
@@ -591,6 +612,7 @@ class RLTrainer:
                 bar.close()
             self.close()
             self.metrics.close()
+            self.run.completions.close()
             if self._trackers is not None:
                 self._trackers.close()
         return [r for r in written if r is not None]

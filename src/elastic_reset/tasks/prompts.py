@@ -21,11 +21,13 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
 ``pretrain`` a ``…_split`` (train) and ``…_column`` (text); a relative path is relative to the working directory.
 
 A reward is called as TRL calls it: ``reward(prompts=[...], completions=[...], **columns)``, where ``columns`` holds
-every other column of the prompts' rows, each a list aligned with the completions, and ``completion_ids`` (each
-completion's token ids, EOS included) where the reward takes it by name or takes ``**kwargs``. It returns one float
-per completion, or None for "no reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and
-a completion with no reward at all gets NaN, which the run's ``bad_reward`` setting stops on or drops. A reward
-model, as in TRL's ``reward_funcs``: a sequence-classification model with one output scores prompt + completion
+every other column of the prompts' rows, each a list aligned with the completions, and what else TRL passes where
+the reward takes it by name or takes ``**kwargs``: ``completion_ids`` (each completion's token ids, EOS included),
+``trainer_state``, ``log_metric`` and ``log_extra`` (:class:`~elastic_reset.rl.reward.CheckedReward`). An ``async``
+reward runs concurrently with the other async ones, as in TRL. It returns one float per completion, or None for "no
+reward": with several rewards the weighted sum skips a None (TRL's ``nansum``), and a completion with no reward at
+all gets NaN, which the run's ``bad_reward`` setting stops on or drops. A reward model, as in TRL's
+``reward_funcs``: a sequence-classification model with one output scores prompt + completion
 (:mod:`elastic_reset.rewards.sequence_score`); a folder of ``elastic-reset reward-model train`` (Bradley–Terry or
 Advantage Model) scores them as in its training.
 
@@ -55,7 +57,7 @@ from typing import Any
 
 from elastic_reset.data.prompts import read_texts
 from elastic_reset.errors import ConfigError, DataFileError, first_line
-from elastic_reset.rewards.calling import call_reward, takes_keyword
+from elastic_reset.rewards.calling import call_rewards, takes_keyword
 from elastic_reset.tasks.base import Task, load_object, register_task
 
 
@@ -73,6 +75,10 @@ def _source(path: str | None, dataset: Any, path_key: str, dataset_key: str) -> 
 
 
 # ------------------------------------------------------------------------------------------------ rewards
+TRL_KWARGS = ("completion_ids", "trainer_state", "log_metric", "log_extra")
+"""What TRL's ``GRPOTrainer`` passes a reward function besides prompts, completions and the dataset's columns."""
+
+
 class TRLReward:
     """The task's reward: TRL-style reward functions called with the columns of each prompt's row, summed with
     weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
@@ -83,13 +89,13 @@ class TRLReward:
         self.weights = weights
         self.lookup = lookup
         self.columns = columns
-        self.takes_ids = [takes_keyword(fn, "completion_ids") for _, fn in self.functions]
+        self.takes = [{name for name in TRL_KWARGS if takes_keyword(fn, name)} for _, fn in self.functions]
         self.names = _short_names([spec for spec, _ in self.functions])
         self.components: dict[str, list[float | None]] = {}
         """Each reward's values of the latest call, by its short name (what the engine logs as ``rewards/…``)."""
-        for (spec, fn), ids in zip(self.functions, self.takes_ids):
+        for (spec, fn), takes in zip(self.functions, self.takes):
             try:
-                inspect.signature(fn).bind(prompts=[], completions=[], **({"completion_ids": []} if ids else {}),
+                inspect.signature(fn).bind(prompts=[], completions=[], **dict.fromkeys(takes),
                                            **{c: [] for c in columns})
             except TypeError as err:
                 raise ConfigError(f"task.options.reward: {spec} cannot be called as TRL calls a reward "
@@ -98,23 +104,23 @@ class TRLReward:
             except ValueError:
                 pass  # no signature to check: the call will say
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
-                 **_: Any) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], **trl: Any) -> list[float]:
+        """``trl``: what TRL passes a reward besides its columns (:data:`TRL_KWARGS`); each function gets those it
+        takes."""
         rows = [self.lookup.get(p) for p in prompts]
         originals = [row["__prompt__"] if row else p for row, p in zip(rows, prompts)]
         columns = {c: [row.get(c) if row else None for row in rows] for c in self.columns}
         if originals and isinstance(originals[0], list):  # conversational: completions as TRL passes them
             completions = [[{"role": "assistant", "content": c}] for c in completions]
             originals = copy.deepcopy(originals)  # a reward may edit them in place (TRL's own code pops from them)
+        calls = [(functools.partial(fn, prompts=originals, completions=list(completions), **columns,
+                                    **{k: v for k, v in trl.items() if k in takes}),
+                  f"task.options.reward: {spec}", f"task.options.reward {spec}")
+                 for (spec, fn), takes in zip(self.functions, self.takes)]
         total = [0.0] * len(completions)
         seen = [False] * len(completions)
         self.components = {}
-        for (spec, fn), weight, takes_ids, name in zip(self.functions, self.weights, self.takes_ids, self.names):
-            ids = {"completion_ids": completion_ids} if takes_ids and completion_ids is not None else {}
-            values = call_reward(functools.partial(fn, prompts=originals, completions=list(completions), **ids,
-                                                   **columns),
-                                 len(completions), who=f"task.options.reward: {spec}",
-                                 raised_by=f"task.options.reward {spec}")
+        for values, weight, name in zip(call_rewards(calls, len(completions)), self.weights, self.names):
             self.components[name] = values
             for i, v in enumerate(values):
                 if v is not None:  # TRL's None: this reward does not apply to this sample
