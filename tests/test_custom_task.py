@@ -243,6 +243,30 @@ def test_a_reward_model_renders_a_conversation_with_its_own_chat_template(files)
     assert t.reward_fn([asked], ["fine"]) == pytest.approx([expected], abs=1e-5)
 
 
+THINKING = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+            "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}{% endif %}")
+
+
+def test_chat_template_kwargs_reach_the_policys_template_and_a_reward_models_as_in_trl(files):
+    t = chat_task(files, chat_rows(), chat_template_kwargs={"enable_thinking": False})
+    t.bind_tokenizer(byte_tokenizer_with(THINKING))
+    assert "<system>Be brief.<user>Question 3?<assistant><no-think>" in t.train_prompts + t.eval_prompts
+    plain = chat_task(files, chat_rows())
+    plain.bind_tokenizer(byte_tokenizer_with(THINKING))
+    assert "<system>Be brief.<user>Question 3?<assistant>" in plain.train_prompts + plain.eval_prompts
+
+    rm_template = ("{% for m in messages %}{{ m.content }} {% endfor %}"
+                   "{% if enable_thinking is defined and not enable_thinking %}nothink{% endif %}")
+    model, tokenizer = _sequence_model(files / "rm", template=rm_template)
+    rm = chat_task(files, chat_rows(), reward=str(files / "rm"), chat_template_kwargs={"enable_thinking": False})
+    rm.bind_tokenizer(byte_tokenizer_with(THINKING))
+    with torch.no_grad():
+        enc = tokenizer(["Be brief. Question 3? fine nothink"], return_tensors="pt", add_special_tokens=False)
+        expected = model(**enc).logits[0, 0].item()
+    asked = "<system>Be brief.<user>Question 3?<assistant><no-think>"
+    assert rm.reward_fn([asked], ["fine"]) == pytest.approx([expected], abs=1e-5)
+
+
 def test_a_reward_model_of_reward_model_train_is_the_reward(files):
     from elastic_reset.reward_models.model import RewardModelConfig
     from elastic_reset.reward_models.reward import PreferenceModelReward
@@ -452,6 +476,8 @@ def test_a_rewards_logged_mean_is_over_the_samples_it_scored():
     ({"reward": "letter_reward"}, ConfigError, r"^task\.options\.reward: expected module:name"),
     ({"reward": "REWARDS:positional_only"}, ConfigError, r"^task\.options\.reward: .* cannot be called as TRL"),
     ({"reward_weights": [1.0, 2.0]}, ConfigError, r"^task\.options\.reward_weights: expected 1 finite"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, ConfigError, r"^task\.options\.chat_template_kwargs: expected "
+                                                                 r"a mapping of template variables"),
     ({"reward": None}, ConfigError, r"^task\.options\.reward: the prompts task needs a reward"),
 ])
 def test_bad_input_is_one_line_naming_the_field_or_file(files, options, error, pattern):
@@ -763,7 +789,7 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
                                                        inspect.signature(prompts_task).parameters}
     theirs = [n.split("=")[0] for trl, _ in rows for n in trl]
     named = [n for _, here in rows for n in here]
-    assert len(rows) == 12 and len(theirs) >= 20
+    assert len(rows) == 13 and len(theirs) >= 20
     assert not [n for n in named if n not in ours], "README names settings the config does not have"
     trl = pytest.importorskip("trl")
     import dataclasses

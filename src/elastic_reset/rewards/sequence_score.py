@@ -24,9 +24,11 @@ class SequenceScoreReward:
         name: a model folder, or a Hub name (online users).
         batch_size: completions per forward.
         device: where the model runs (default: the accelerator if there is one, else the CPU).
+        chat_template_kwargs: more variables for the reward model's chat template (TRL's ``chat_template_kwargs``).
     """
 
-    def __init__(self, name: str | os.PathLike, batch_size: int = 16, device: str | torch.device | None = None):
+    def __init__(self, name: str | os.PathLike, batch_size: int = 16, device: str | torch.device | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(name)
@@ -40,13 +42,15 @@ class SequenceScoreReward:
                              f"{self.model.config.num_labels}")
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.batch_size = batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
     def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
         """What is scored: each prompt and its completion as one text."""
         if len(prompts) != len(completions):
             raise ValueError(f"reward model: {len(prompts)} prompts for {len(completions)} completions")
         if prompts and isinstance(prompts[0], list):
-            return [self.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+            return [self.tokenizer.apply_chat_template(p + c, tokenize=False, **self.chat_template_kwargs)
+                    for p, c in zip(prompts, completions)]
         return [p + c for p, c in zip(prompts, completions)]
 
     @torch.inference_mode()

@@ -16,6 +16,7 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
         reference: texts.txt         # held-out human text for the perplexity drift (default: drift is kl_init)
         pretrain: more_texts.txt     # supervised text for the multitask / S2P methods
         chat_template: null          # null: applied when the tokenizer has one; true / false: always / never
+        chat_template_kwargs: {}     # for apply_chat_template (TRL's chat_template_kwargs): {enable_thinking: false}
 
 ``eval_path``, ``reference`` and ``pretrain`` each have a ``…_dataset`` twin (a hub name too) and ``reference`` /
 ``pretrain`` a ``…_split`` (train) and ``…_column`` (text); a relative path is relative to the working directory.
@@ -84,8 +85,8 @@ class TRLReward:
     weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
 
     def __init__(self, specs: list[Any], weights: list[float], lookup: dict[str, dict[str, Any]],
-                 columns: list[str], chat: bool = False):
-        self.functions = [reward_function(spec, chat) for spec in specs]
+                 columns: list[str], chat: bool = False, chat_template_kwargs: dict[str, Any] | None = None):
+        self.functions = [reward_function(spec, chat, chat_template_kwargs) for spec in specs]
         self.weights = weights
         self.lookup = lookup
         self.columns = columns
@@ -139,11 +140,12 @@ def _short_names(specs: list[str]) -> list[str]:
 _HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
 
 
-def reward_function(spec: Any, chat: bool = False) -> tuple[str, Any]:
+def reward_function(spec: Any, chat: bool = False,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str, Any]:
     """(name, function) of one ``reward`` entry: a function (from Python); ``module:function`` or
     ``path/to/file.py:function``; or a reward model, as TRL's ``reward_funcs`` takes one: a folder (or a Hub name)
     of a sequence-classification model with one output, or a folder ``elastic-reset reward-model train`` wrote.
-    ``chat``: the prompts are conversations."""
+    ``chat``: the prompts are conversations; ``chat_template_kwargs``: for a reward model's template, as TRL."""
     if callable(spec):
         return getattr(spec, "__name__", repr(spec)), spec
     folder = Path(spec).expanduser() if isinstance(spec, str) else None
@@ -160,7 +162,7 @@ def reward_function(spec: Any, chat: bool = False) -> tuple[str, Any]:
     from elastic_reset.rewards.sequence_score import SequenceScoreReward
 
     try:
-        return spec, SequenceScoreReward(spec)
+        return spec, SequenceScoreReward(spec, chat_template_kwargs=chat_template_kwargs)
     except (OSError, ValueError) as err:
         raise ConfigError(f"task.options.reward: {spec} is not module:function, and no reward model loads from "
                           f"it ({first_line(err)})") from None
@@ -173,6 +175,8 @@ class PromptsTask(Task):
 
     chat_template: bool | None = None
     """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More variables for the template (TRL's ``chat_template_kwargs``), e.g. ``enable_thinking: false``."""
     _raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
@@ -195,7 +199,8 @@ class PromptsTask(Task):
         render = self.chat_template is not False and has
         reward = self.reward_fn if isinstance(self.reward_fn, TRLReward) else None
         for key, prompts in self._raw.items():
-            shown = ([_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]))
+            shown = ([_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]),
+                              self.chat_template_kwargs)
                       for p in prompts] if render else list(prompts))
             setattr(self, key, shown)
             if reward is not None:
@@ -208,11 +213,11 @@ def conversation_key(messages: list[dict[str, Any]]) -> str:
     return json.dumps(messages, ensure_ascii=False, sort_keys=True)
 
 
-def _render(tokenizer, messages: list[dict[str, Any]]) -> str:
+def _render(tokenizer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
     # As TRL renders a prompt-only conversation: a final assistant turn is continued, any other answered.
     cont = messages[-1]["role"] == "assistant"
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
-                                         continue_final_message=cont)
+                                         continue_final_message=cont, **kwargs)
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
         text = text[len(bos):]  # the tokenizer adds it when the policy encodes the prompt: once, not twice
@@ -227,7 +232,7 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
                  seed: int = 0, reference: str | None = None, reference_dataset: Any = None,
                  reference_split: str = "train", reference_column: str = "text", pretrain: str | None = None,
                  pretrain_dataset: Any = None, pretrain_split: str = "train", pretrain_column: str = "text",
-                 chat_template: bool | None = None) -> PromptsTask:
+                 chat_template: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> PromptsTask:
     """Prompts from a file or dataset, a reward named by import path (see the module's docstring). From Python,
     as TRL's trainers take them: the ``…dataset`` options may be ``datasets`` objects (a ``DatasetDict`` split by
     the ``…split`` options) or lists of row dicts, and ``reward`` a function or a list of them."""
@@ -248,6 +253,10 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
             or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights)):
         raise ConfigError(f"task.options.reward_weights: expected {len(specs)} finite number(s), one per reward, "
                           f"got {reward_weights!r}")
+    template_kwargs = {} if chat_template_kwargs is None else chat_template_kwargs
+    if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
+        raise ConfigError(f"task.options.chat_template_kwargs: expected a mapping of template variables "
+                          f"(e.g. {{enable_thinking: false}}), got {chat_template_kwargs!r}")
     if eval_split is not None and not isinstance(eval_split, str):
         raise ConfigError(f"task.options.eval_split: expected a split name, got {eval_split!r}")
 
@@ -297,10 +306,12 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
         name="prompts",
         train_prompts=[p for p, _ in train],
         eval_prompts=[p for p, _ in held_out],
-        reward_fn=TRLReward(specs, [float(w) for w in weights], lookup, list(columns), chat=bool(conversations)),
+        reward_fn=TRLReward(specs, [float(w) for w in weights], lookup, list(columns), chat=bool(conversations),
+                            chat_template_kwargs=template_kwargs),
         reference_texts=reference_texts,
         pretrain_texts=texts_of("pretrain", pretrain, pretrain_dataset, pretrain_split, pretrain_column),
         drift_key="perplexity" if reference_texts else "kl_init",
         chat_template=chat_template,
+        chat_template_kwargs=template_kwargs,
         conversations=conversations,
     )
