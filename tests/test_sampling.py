@@ -5,6 +5,7 @@ Tiny models only (byte-level Llama / GPT-2 decoders, a one-layer T5 and BART bui
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -587,6 +588,30 @@ def test_top_k_never_samples_outside_the_k_best():
     logits = lm.step_logits(ids, None, r)
     rank = (logits > logits.gather(-1, r.response_ids[..., None])).sum(-1)  # tokens strictly better than the pick
     assert (rank < 3).all() and (rank > 0).any()
+
+
+def test_min_p_keeps_what_hugging_faces_warper_keeps_and_the_sampler_never_leaves_it():
+    from transformers import MinPLogitsWarper
+
+    from elastic_reset.rl.sampling import min_p_filter
+
+    scores = torch.randn(32, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for min_p in (0.05, 0.3):
+        hf = MinPLogitsWarper(min_p)(None, scores.clone())
+        assert torch.equal(min_p_filter(scores, min_p) > -math.inf, hf > -math.inf)
+    assert torch.equal(min_p_filter(scores, 0.0), scores)
+
+    lm = MarkovLM(seed=4)
+    ids = torch.randint(0, 50, (64, 2), generator=torch.Generator().manual_seed(5))
+    r = run(lm, ids, torch.ones_like(ids), max_new_tokens=16, min_p=0.2, temperature=0.8, eos_token_id=None)
+    logits = lm.step_logits(ids, None, r) / 0.8
+    allowed = MinPLogitsWarper(0.2)(None, logits.reshape(-1, 50).clone()).reshape(logits.shape) > -math.inf
+    assert allowed.gather(-1, r.response_ids[..., None]).all()
+    assert (allowed.sum(-1) > 1).float().mean() > 0.5, "the sets should usually hold several tokens"
+    free = run(lm, ids, torch.ones_like(ids), max_new_tokens=16, temperature=0.8, eos_token_id=None)
+    free_logits = lm.step_logits(ids, None, free) / 0.8
+    free_allowed = MinPLogitsWarper(0.2)(None, free_logits.reshape(-1, 50).clone()).reshape(free_logits.shape)
+    assert not (free_allowed > -math.inf).gather(-1, free.response_ids[..., None]).all()
 
 
 def test_min_tokens_to_keep_in_top_p_set():

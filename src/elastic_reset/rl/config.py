@@ -116,6 +116,9 @@ class SamplingConfig(Section):
     top_p: float = 1.0
     """Nucleus sampling: only the smallest set of most likely tokens whose probability reaches ``top_p``
     (Hugging Face's ``TopPLogitsWarper``, at least one token kept). 1.0: off."""
+    min_p: float = 0.0
+    """Sample only among tokens at least ``min_p`` times as likely as the most likely one, after top-k and top-p
+    (Hugging Face's ``MinPLogitsWarper``; TRL's ``min_p``). 0.0: off."""
     stop_at_eos: bool = True
     """A response that emitted EOS is finished: later positions hold the pad token with mask 0. False: EOS is an
     ordinary token and every response is ``max_new_tokens`` long."""
@@ -150,7 +153,7 @@ class SamplingConfig(Section):
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), name, "expected an integer")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
             need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
                  "expected a finite number")
@@ -162,6 +165,7 @@ class SamplingConfig(Section):
         need(self.temperature > 0, "temperature", "expected > 0")
         need(self.top_k >= 0, "top_k", "expected >= 0 (0: off)")
         need(0 < self.top_p <= 1, "top_p", "expected in (0, 1] (1: off)")
+        need(0 <= self.min_p <= 1, "min_p", "expected in [0, 1] (0: off)")
         need(not self.compile or self.cuda_graphs, "compile", "needs sampling.cuda_graphs: true (it compiles the "
              "static decoding steps)")
 

@@ -26,6 +26,7 @@ CPU cost).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,7 +45,8 @@ from elastic_reset.lm.scoring import (
 )
 from elastic_reset.rl.config import SamplingConfig
 
-__all__ = ["Rollout", "SamplingConfig", "sample", "sample_from_logits", "top_k_filter", "top_p_filter", "top_p_set"]
+__all__ = ["Rollout", "SamplingConfig", "min_p_filter", "sample", "sample_from_logits", "top_k_filter",
+           "top_p_filter", "top_p_set"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -94,6 +96,15 @@ def top_p_filter(scores: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1
     if top_p >= 1.0:
         return scores
     return scores.masked_fill(~top_p_set(scores, top_p, min_tokens_to_keep), NEG_INF)
+
+
+def min_p_filter(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """``scores`` with the logits of tokens less than ``min_p`` times as likely as the most likely one set to −inf
+    (Hugging Face's ``MinPLogitsWarper``, which keeps the top token). ``min_p <= 0`` is a no-op."""
+    if min_p <= 0.0:
+        return scores
+    # p_i < min_p * p_max  <=>  s_i < s_max + log(min_p): no softmax needed
+    return scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True) + math.log(min_p), NEG_INF)
 
 
 def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -293,6 +304,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
                 scores = top_k_filter(scores, config.top_k)
             if config.top_p < 1.0:
                 scores = top_p_filter(scores, config.top_p)
+            if config.min_p > 0.0:
+                scores = min_p_filter(scores, config.min_p)
             next_tokens = sample_from_logits(scores, generator)
 
             active = ~finished
