@@ -614,6 +614,33 @@ def test_min_p_keeps_what_hugging_faces_warper_keeps_and_the_sampler_never_leave
     assert not (free_allowed > -math.inf).gather(-1, free.response_ids[..., None]).all()
 
 
+def test_repetition_penalty_is_hugging_faces_and_the_sampler_repeats_less_of_prompt_and_response():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from elastic_reset.rl.sampling import penalize_repetition
+
+    g = torch.Generator().manual_seed(0)
+    scores, ids = torch.randn(8, 50, generator=g) * 3, torch.randint(0, 50, (8, 12), generator=g)
+    seen = torch.zeros(8, 50, dtype=torch.bool).scatter_(1, ids, True)
+    assert torch.allclose(penalize_repetition(scores, seen, 1.7), RepetitionPenaltyLogitsProcessor(1.7)(ids, scores))
+
+    lm = MarkovLM(seed=6, scale=1.0)
+    ids = torch.randint(0, 50, (128, 6), generator=torch.Generator().manual_seed(7))
+
+    def repeats(r: Rollout) -> tuple[float, float]:
+        """Of the response tokens: the share already in the prompt, and the share earlier in the response."""
+        out = r.response_ids
+        in_prompt = (out[..., None] == ids[:, None, :]).any(-1).float().mean()
+        earlier = torch.stack([(out[:, t:t + 1] == out[:, :t]).any(-1) for t in range(1, out.shape[1])], 1)
+        return float(in_prompt), float(earlier.float().mean())
+
+    free = repeats(run(lm, ids, torch.ones_like(ids), max_new_tokens=12, eos_token_id=None))
+    penalized = repeats(run(lm, ids, torch.ones_like(ids), max_new_tokens=12, eos_token_id=None,
+                            repetition_penalty=20.0))
+    assert free[0] > 0.05 and free[1] > 0.05, "without the penalty this model repeats itself"
+    assert penalized[0] < free[0] / 2 and penalized[1] < free[1] / 2
+
+
 def test_min_tokens_to_keep_in_top_p_set():
     logits = torch.tensor([[10.0, 0.0, 0.0, -1.0, -2.0]])
     assert top_p_set(logits, 0.5).tolist() == [[True, False, False, False, False]]

@@ -119,6 +119,10 @@ class SamplingConfig(Section):
     min_p: float = 0.0
     """Sample only among tokens at least ``min_p`` times as likely as the most likely one, after top-k and top-p
     (Hugging Face's ``MinPLogitsWarper``; TRL's ``min_p``). 0.0: off."""
+    repetition_penalty: float = 1.0
+    """A token already in the prompt or the response so far has its logit divided by this when positive and
+    multiplied when negative (Hugging Face's ``RepetitionPenaltyLogitsProcessor``; TRL's ``repetition_penalty``);
+    an encoder-decoder's prompt is not counted, as in Hugging Face. 1.0: off."""
     stop_at_eos: bool = True
     """A response that emitted EOS is finished: later positions hold the pad token with mask 0. False: EOS is an
     ordinary token and every response is ``max_new_tokens`` long."""
@@ -153,7 +157,7 @@ class SamplingConfig(Section):
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), name, "expected an integer")
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             value = getattr(self, name)
             need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
                  "expected a finite number")
@@ -166,6 +170,7 @@ class SamplingConfig(Section):
         need(self.top_k >= 0, "top_k", "expected >= 0 (0: off)")
         need(0 < self.top_p <= 1, "top_p", "expected in (0, 1] (1: off)")
         need(0 <= self.min_p <= 1, "min_p", "expected in [0, 1] (0: off)")
+        need(self.repetition_penalty > 0, "repetition_penalty", "expected > 0 (1: off)")
         need(not self.compile or self.cuda_graphs, "compile", "needs sampling.cuda_graphs: true (it compiles the "
              "static decoding steps)")
 

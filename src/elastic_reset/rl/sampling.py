@@ -12,13 +12,15 @@ With ``sampling.cuda_graphs`` the same loop runs its forwards over a static KV c
 a replayed CUDA graph on a GPU (:mod:`elastic_reset.lm.static_decoding`).
 
 :attr:`Rollout.logprobs` is ``log softmax(logits / T)`` at the sampled token: the policy at temperature T,
-**before** any truncation: no min-new-tokens EOS suppression, no top-k, no top-p, no NLPO mask. That is the
+**before** any truncation: no repetition penalty, no min-new-tokens EOS suppression, no top-k, top-p or min-p, no
+NLPO mask. That is the
 distribution :func:`elastic_reset.lm.scoring.forward_response` reproduces teacher-forced, and the one the policy
 gradient and the KL penalty are taken on (as in TRL and RL4LMs, whose PPO log-probs ignore the sampling warpers).
 NLPO's masked distribution is recovered by ``forward_response(..., action_mask=rollout.action_mask)``.
 
-The sampling itself follows Hugging Face's processors and warpers in their order: EOS suppression before
-``min_new_tokens`` → NLPO mask → temperature → top-k → top-p → a draw from the caller's generator
+The sampling itself follows Hugging Face's processors and warpers in their order: repetition penalty → EOS
+suppression before ``min_new_tokens`` → NLPO mask → temperature (which commutes with the penalty) → top-k → top-p →
+min-p → a draw from the caller's generator
 (:func:`sample_from_logits`: inverse-CDF sampling, the distribution of ``torch.multinomial`` at a tenth of its
 CPU cost).
 """
@@ -45,8 +47,8 @@ from elastic_reset.lm.scoring import (
 )
 from elastic_reset.rl.config import SamplingConfig
 
-__all__ = ["Rollout", "SamplingConfig", "min_p_filter", "sample", "sample_from_logits", "top_k_filter",
-           "top_p_filter", "top_p_set"]
+__all__ = ["Rollout", "SamplingConfig", "min_p_filter", "penalize_repetition", "sample", "sample_from_logits",
+           "top_k_filter", "top_p_filter", "top_p_set"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -105,6 +107,14 @@ def min_p_filter(scores: torch.Tensor, min_p: float) -> torch.Tensor:
         return scores
     # p_i < min_p * p_max  <=>  s_i < s_max + log(min_p): no softmax needed
     return scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True) + math.log(min_p), NEG_INF)
+
+
+def penalize_repetition(scores: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``scores`` with each ``seen`` token's logit divided by ``penalty`` where positive, multiplied where negative
+    (Hugging Face's ``RepetitionPenaltyLogitsProcessor``). ``seen``: ``[B, V]`` bool. Temperature commutes with it."""
+    if penalty == 1.0:
+        return scores
+    return torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
 
 
 def sample_from_logits(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -283,12 +293,21 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
                                  f"policy's {vocab}")
             action_mask = torch.ones(batch, max_new, vocab, dtype=torch.bool, device=device)
 
+        seen = None  # repetition_penalty: the tokens of each prompt (a decoder-only one) and response so far
+        if config.repetition_penalty != 1.0:
+            counts = torch.zeros(batch, vocab, dtype=torch.long, device=device)
+            if not is_encoder_decoder(model):
+                counts.scatter_add_(1, query_ids, query_mask.long())
+            seen = counts > 0
+
         steps = 0
         for t in range(max_new):
             scores = logits.float()
             if temperature != 1.0:
                 scores = scores / temperature
             full_logprobs = torch.log_softmax(scores, dim=-1)
+            if seen is not None:
+                scores = penalize_repetition(scores, seen, config.repetition_penalty)
             suppress_eos = eos is not None and t < config.min_new_tokens
             if suppress_eos:
                 scores = scores.index_fill(-1, eos, NEG_INF)
@@ -313,6 +332,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             tokens[:, t] = next_tokens
             active_mask[:, t] = active
             picked = next_tokens[:, None]
+            if seen is not None:
+                seen.scatter_(1, picked, True)
             logprobs[:, t] = full_logprobs.gather(-1, picked).squeeze(-1).masked_fill(finished, 0.0)
             if masker is not None:
                 action_mask[:, t] = allowed | finished[:, None]
