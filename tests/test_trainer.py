@@ -124,6 +124,29 @@ def test_method_none_ignores_the_kl_penalty(tmp_path):
     assert all(r["kl_coef"] == 0.0 for r in records)
 
 
+@pytest.mark.parametrize("algo", ["rloo", "ppo"])
+def test_masked_truncated_completions_give_no_gradient_and_clipped_ratio_counts_them(tmp_path, algo):
+    from elastic_reset.lm.rollout import Rollout
+
+    # EOS suppressed until max_new_tokens: every response is cut off (clipped_ratio 1)
+    cut = ("sampling.min_new_tokens=12", "sampling.max_new_tokens=12", f"algo.name={algo}", "algo.minibatch_size=8")
+    masked = RLTrainer(tiny_config(*cut, "algo.mask_truncated_completions=true"), tmp_path / "masked")
+    before = trainable(masked)
+    record = masked.train_step()
+    assert record["clipped_ratio"] == 1.0
+    assert all(torch.equal(p, before[n]) for n, p in trainable(masked).items())  # Adam's first step on 0 grads
+    plain = RLTrainer(tiny_config(*cut), tmp_path / "plain")
+    before = trainable(plain)
+    plain.train_step()
+    assert any(not torch.equal(p, before[n]) for n, p in trainable(plain).items())
+
+    eos = masked.tokenizer.eos_token_id
+    ids = torch.tensor([[5, eos, 0], [5, 6, 7], [eos, 0, 0]])
+    r = Rollout(query_ids=ids[:, :1], query_mask=torch.ones(3, 1), response_ids=ids,
+                response_mask=torch.tensor([[1.0, 1, 0], [1, 1, 1], [1, 0, 0]]), logprobs=torch.zeros(3, 3))
+    assert masked.policy.ended(r).tolist() == [True, False, True]
+
+
 def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
     # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
     # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.

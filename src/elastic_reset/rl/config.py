@@ -218,6 +218,10 @@ class AlgoConfig(Section):
     settings use)."""
     weight_decay: NonNegativeFloat = 0.0
     """AdamW weight decay."""
+    mask_truncated_completions: bool = False
+    """A response cut off at ``sampling.max_new_tokens`` (no EOS) adds nothing to the loss; its reward still counts
+    in its prompt's baseline: DAPO's overlong filtering, TRL's ``mask_truncated_completions``. ``clipped_ratio`` is
+    logged either way."""
 
 
 @dataclass

@@ -205,6 +205,13 @@ class Policy:
                       eos_token_id=self.tokenizer.eos_token_id, generator=generator,
                       autocast_dtype=self.autocast_dtype, **masking)
 
+    def ended(self, rollout: Rollout) -> torch.Tensor:
+        """``[B]`` bool: which responses ended with EOS (the others were cut off at ``max_new_tokens``)."""
+        lengths = rollout.response_lengths
+        last = rollout.response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+        eos = self.tokenizer.eos_token_id
+        return (lengths > 0) & (last == eos) if eos is not None else torch.zeros_like(lengths, dtype=torch.bool)
+
     def score(self, rollout: Rollout, model: nn.Module | None = None, *, hidden: bool = False, masked: bool = True,
               entropy: bool = False, entropy_grad: bool = False) -> ResponseOutput:
         """Teacher-forced log-probs of ``rollout``'s responses under ``model`` (default: the policy), at the

@@ -355,7 +355,10 @@ class RLTrainer:
         seq_kl = kl_tok.sum(dim=1)
         advantages, returns = self.estimator.advantages(scores, keep, mask, rollout.response_mask, kl_tok, beta,
                                                         old_values)
-        batch = Minibatch(mask, advantages, old_logp, old_values, returns)
+        ended = self.policy.ended(rollout)
+        # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
+        loss_mask = mask * ended[:, None] if c.algo.mask_truncated_completions else mask
+        batch = Minibatch(loss_mask, advantages, old_logp, old_values, returns)
 
         # 5. Policy (and value) update: epochs × minibatches; one step on the whole batch when fused.
         stats: list[dict[str, float]] = []
@@ -389,6 +392,7 @@ class RLTrainer:
             **({"kl": mean_kl} if track_kl else {}),
             "kl_coef": beta,
             "response_length": float(rollout.response_lengths.float().mean()),
+            "clipped_ratio": float((~ended).float().mean()),
             "dropped": int((~keep).sum()),
             **{f"rewards/{name}": value for name, value in components.items()},
         }
