@@ -118,6 +118,7 @@ def same(a, b) -> bool:
 METHODS = ["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask", "frozen"]
 VARIANTS = {f"method={m}": [f"method.name={m}"] for m in METHODS} | {
     "rloo": ["algo.name=rloo"],
+    "cosine-schedule+warmup": ["algo.lr_scheduler=cosine", "algo.warmup_steps=1"],
     "reinforce+adaptive-kl": ["algo.name=reinforce", "kl.target=1.0"],
     "lora+ema-epoch+reset-optimizer": ["model.lora.r=4", "model.lora.alpha=8", "method.ema_update=epoch",
                                        "method.reset_optimizer=true"],

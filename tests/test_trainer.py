@@ -147,6 +147,21 @@ def test_masked_truncated_completions_give_no_gradient_and_clipped_ratio_counts_
     assert masked.policy.ended(r).tolist() == [True, False, True]
 
 
+def test_the_lr_follows_transformers_schedule_once_an_iteration(tmp_path):
+    config = tiny_config("steps=4", "algo.lr=0.01", "algo.lr_scheduler=linear", "algo.warmup_steps=2")
+    records = RLTrainer(config, tmp_path / "linear").train()
+    assert [r["lr"] for r in records] == pytest.approx([0.0, 0.005, 0.01, 0.005])  # warmup 0 -> 1, then down to 0
+    constant = RLTrainer(tiny_config("steps=2", "algo.lr=0.01"), tmp_path / "constant").train()
+    assert [r["lr"] for r in constant] == [0.01, 0.01]
+    with pytest.raises(ConfigError, match=r"^algo\.warmup_steps: the constant schedule has no warmup"):
+        tiny_config("algo.warmup_steps=2").validate()
+    # a continued run may go further, but not stretch a schedule that spans its steps
+    RLTrainer(tiny_config("steps=6", "algo.lr=0.01"), tmp_path / "constant", resume=True).close()
+    with pytest.raises(ConfigError, match=r"^steps: differs from the run .*whose lr schedule \(linear\) spans"):
+        RLTrainer(tiny_config("steps=6", "algo.lr=0.01", "algo.lr_scheduler=linear", "algo.warmup_steps=2"),
+                  tmp_path / "linear", resume=True)
+
+
 def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
     # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
     # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.

@@ -181,6 +181,12 @@ class AlgoConfig(Section):
     """``ppo`` (clipped ratio, value head, GAE), ``reinforce`` (moving-average baseline), or ``rloo``."""
     lr: PositiveFloat = 1e-5
     """Adam learning rate (RL4LMs IMDB: 1e-6 with full fine-tuning; LoRA wants more)."""
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant_with_warmup",
+                          "inverse_sqrt"] = "constant"
+    """How ``lr`` changes over the run's ``steps``: transformers' scheduler of this name (``get_scheduler``), stepped
+    once an iteration; logged as ``lr``. TRL's ``lr_scheduler_type`` (whose default is ``linear``)."""
+    warmup_steps: NonNegativeInt = 0
+    """Iterations of linear warmup from 0 before the schedule (TRL's ``warmup_steps``); not with ``constant``."""
     prompts_per_step: PositiveInt = 8
     """Prompts sampled per training iteration."""
     samples_per_prompt: PositiveInt = 1
@@ -376,6 +382,8 @@ def _check_rules(config: TrainConfig) -> None:
     a = config.algo
     need(a.name != "rloo" or a.samples_per_prompt >= 2, "algo.samples_per_prompt",
          f"rloo needs >= 2 samples per prompt for its leave-one-out baseline, got {a.samples_per_prompt}")
+    need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",
+         f"the constant schedule has no warmup (lr_scheduler: constant_with_warmup has), got {a.warmup_steps}")
     batch = a.prompts_per_step * a.samples_per_prompt
     need(batch % a.minibatch_size == 0, "algo.minibatch_size",
          f"must divide the rollout batch (prompts_per_step × samples_per_prompt = {batch}), got {a.minibatch_size}")
@@ -718,6 +726,9 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
         if key not in RESUMABLE_CHANGES and saved.get(key) != resolved.get(key):
             raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only "
                               f"{', '.join(RESUMABLE_CHANGES)} may change when a run is continued")
+    if saved.get("steps") != config.steps and config.algo.lr_scheduler != "constant":
+        raise ConfigError(f"steps: differs from the run in {saved_path.parent} ({saved_path}), whose lr schedule "
+                          f"({config.algo.lr_scheduler}) spans its {saved.get('steps')} steps; continue it to as many")
 
 
 # ------------------------------------------------------------------------------------------- documentation

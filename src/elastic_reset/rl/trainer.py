@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import get_scheduler
 
 from elastic_reset.errors import ConfigError, NonFiniteError, RewardError, first_line
 from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, use_fp32_attention
@@ -121,6 +122,9 @@ class RLTrainer:
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
                                            betas=(0.9, config.algo.adam_beta2), weight_decay=config.algo.weight_decay)
+        self.scheduler = None if config.algo.lr_scheduler == "constant" else get_scheduler(
+            config.algo.lr_scheduler, self.optimizer, num_warmup_steps=config.algo.warmup_steps,
+            num_training_steps=config.steps)
         self.kl_ctl = (ops.AdaptiveKLController(config.kl.coef, config.kl.target, config.kl.horizon)
                        if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
         self.method = build_method(config.method)
@@ -380,7 +384,10 @@ class RLTrainer:
             learned = self.learned_reward.learn([prompts[i] for i in kept], [completions[i] for i in kept])
             times["reward_learn"] = time.perf_counter() - t
 
-        # 6. Bookkeeping: KL controller, the method's end-of-iteration work (resets), metrics.
+        # 6. Bookkeeping: the lr schedule, KL controller, the method's end-of-iteration work (resets), metrics.
+        lr = self.optimizer.param_groups[0]["lr"]  # this iteration's
+        if self.scheduler is not None:
+            self.scheduler.step()
         if track_kl:  # of the whole batch: the controller moves alike on every rank
             mean_kl = self.dp.mean_of(seq_kl[keep])
             self.kl_ctl.update(mean_kl, n * self.dp.world_size)
@@ -391,6 +398,7 @@ class RLTrainer:
             "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
             **({"kl": mean_kl} if track_kl else {}),
             "kl_coef": beta,
+            "lr": lr,
             "response_length": float(rollout.response_lengths.float().mean()),
             "clipped_ratio": float((~ended).float().mean()),
             "dropped": int((~keep).sum()),
@@ -484,6 +492,7 @@ class RLTrainer:
             "trainable": {n: p.detach().clone() for n, p in trainable_named_parameters(self.model)},
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "kl_ctl": self.kl_ctl.state_dict(),
             **self.estimator.state_dict(),
             "method": self.method.state_dict(),
@@ -510,6 +519,8 @@ class RLTrainer:
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.estimator.load_state_dict(state)
         self.method.load_state_dict(state["method"])
