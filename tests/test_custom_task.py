@@ -352,6 +352,18 @@ def test_a_trl_reward_gets_the_trainer_state_and_what_it_logs_reaches_the_run_lo
                and r["prompt"] in PROMPTS for r in rows)
 
 
+def test_completion_rows_hold_what_json_can_write():
+    import numpy as np
+
+    from elastic_reset.rl.reward import completion_rows
+
+    rows = completion_rows(3, ["p", "q"], ["a", "b"], [1.0, None], {"r": [1.0, None]},
+                           {"n": [np.float32(0.5), torch.tensor(2)], "v": [np.arange(2), [1, {"k": "x"}]]})
+    assert json.loads(json.dumps(rows)) == [
+        {"step": 3, "prompt": "p", "completion": "a", "reward": 1.0, "rewards/r": 1.0, "n": 0.5, "v": "[0 1]"},
+        {"step": 3, "prompt": "q", "completion": "b", "reward": None, "rewards/r": None, "n": 2, "v": [1, {"k": "x"}]}]
+
+
 def test_a_resumed_run_writes_each_steps_completions_once(files):
     from elastic_reset.rl.trainer import RLTrainer
     from helpers import tiny_config

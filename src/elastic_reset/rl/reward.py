@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -105,9 +106,15 @@ def completion_rows(step: int, prompts: list[str], completions: list[str], rewar
     :attr:`CheckedReward.components` and :attr:`CheckedReward.extra` of the call that scored them. Values a reward
     logged that JSON cannot hold are written as numbers where they have ``item()`` (NumPy, torch), else as text."""
     def plain(value: Any) -> Any:
-        if value is None or isinstance(value, (bool, int, float, str)):
+        try:
+            json.dumps(value)
             return value
-        return value.item() if hasattr(value, "item") else str(value)
+        except (TypeError, ValueError):
+            pass
+        try:
+            return value.item()
+        except (AttributeError, TypeError, ValueError, RuntimeError):  # no item(), or not a single number
+            return str(value)
 
     return [{"step": step, "prompt": prompt, "completion": completion, "reward": reward,
              **{f"rewards/{name}": values[i] for name, values in components.items()},
