@@ -20,14 +20,22 @@ def main() -> None:
     out = Path(out)
     trainer = RLTrainer(load_config(config_path, overrides), out, resume=(out / "config.yaml").exists())
     prompts_seen = []
-    score = trainer.reward
 
-    def recording_score(prompts, completions, *rollout):
-        prompts_seen.append(list(prompts))
-        return score(prompts, completions, *rollout)
+    class RecordingReward:
+        """The trainer's reward, recording the prompts it scores; everything else (its parts, logs, the
+        trainer state a TRL reward sees) is the reward's own."""
 
-    recording_score.components = {}  # the training step logs a reward's parts; this task's has none
-    trainer.reward = recording_score
+        def __init__(self, reward):
+            self.reward = reward
+
+        def __getattr__(self, name):
+            return getattr(self.reward, name)
+
+        def __call__(self, prompts, completions, *rollout):
+            prompts_seen.append(list(prompts))
+            return self.reward(prompts, completions, *rollout)
+
+    trainer.reward = RecordingReward(trainer.reward)
     trainer.train()
     ema = trainer.method.ema
     torch.save({"trainable": {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},

@@ -716,6 +716,7 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
     saved_path = Path(saved_path)
     try:
         data = yaml.load(saved_path.read_text(), _SavedLoader) or {}
+        saved_steps = data.get("steps") if isinstance(data, dict) else None
         if isinstance(data, dict):  # a tracker of then need not be installed now
             data = {key: value for key, value in data.items() if key not in RESUMABLE_CHANGES}
         saved = config_to_dict(config_from_dict(data))
@@ -726,9 +727,9 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
         if key not in RESUMABLE_CHANGES and saved.get(key) != resolved.get(key):
             raise ConfigError(f"{key}: differs from the run in {saved_path.parent} ({saved_path}); only "
                               f"{', '.join(RESUMABLE_CHANGES)} may change when a run is continued")
-    if saved.get("steps") != config.steps and config.algo.lr_scheduler != "constant":
+    if saved_steps != config.steps and config.algo.lr_scheduler != "constant":
         raise ConfigError(f"steps: differs from the run in {saved_path.parent} ({saved_path}), whose lr schedule "
-                          f"({config.algo.lr_scheduler}) spans its {saved.get('steps')} steps; continue it to as many")
+                          f"({config.algo.lr_scheduler}) spans its {saved_steps} steps; continue it to as many")
 
 
 # ------------------------------------------------------------------------------------------- documentation
