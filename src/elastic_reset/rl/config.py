@@ -211,6 +211,10 @@ class AlgoConfig(Section):
     learn (RL4LMs' IMDB runs: 0.95 over 50 iterations of 1,280 samples)."""
     whiten_advantages: bool = True
     """Normalise advantages over the batch (mask-aware)."""
+    scale_rewards: Literal["none", "group"] = "none"
+    """``rloo``: ``group`` divides each prompt's advantages by the standard deviation of its samples' returns
+    (+ 1e-4), as TRL's GRPO (``scale_rewards: group``, its default); with ``whiten_advantages: false`` that is GRPO's
+    advantage times RLOO's k/(k − 1)."""
     entropy_coef: NonNegativeFloat = 0.0
     """Entropy bonus weight."""
     baseline_decay: Annotated[float, Field(gt=0, lt=1)] = 0.9
@@ -382,6 +386,8 @@ def _check_rules(config: TrainConfig) -> None:
     a = config.algo
     need(a.name != "rloo" or a.samples_per_prompt >= 2, "algo.samples_per_prompt",
          f"rloo needs >= 2 samples per prompt for its leave-one-out baseline, got {a.samples_per_prompt}")
+    need(a.scale_rewards == "none" or a.name == "rloo", "algo.scale_rewards",
+         f"'group' scales each prompt's group of samples: algo.name rloo, not {a.name!r}")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",
          f"the constant schedule has no warmup (lr_scheduler: constant_with_warmup has), got {a.warmup_steps}")
     batch = a.prompts_per_step * a.samples_per_prompt

@@ -112,7 +112,12 @@ class RLOO(Estimator):
     """REINFORCE leave-one-out: each sample's baseline is the mean return of the other samples of its prompt."""
 
     def sequence_advantages(self, seq_return: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return ops.rloo_advantages(seq_return, self.config.samples_per_prompt)
+        k = self.config.samples_per_prompt
+        advantages = ops.rloo_advantages(seq_return, k)
+        if self.config.scale_rewards == "group":  # GRPO's: by the std of the prompt's group (TRL: unbiased, + 1e-4)
+            advantages = (advantages.view(-1, k) / (seq_return.float().view(-1, k).std(dim=1, keepdim=True)
+                                                    + 1e-4)).reshape(-1)
+        return advantages
 
 
 class PPO(Estimator):
