@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from elastic_reset.cli import main
 from elastic_reset.errors import ConfigError
+from elastic_reset.io import read_metrics
 from elastic_reset.models import byte_tokenizer
 from elastic_reset.rl.config import config_from_dict
 from elastic_reset.rl.export import export_run, model_card
@@ -190,6 +191,50 @@ def test_push_to_hub_without_a_token_is_refused_before_any_work(lora_run, tmp_pa
     with pytest.raises(ConfigError, match="no Hugging Face token"):
         export_run(lora_run[0], tmp_path / "x", push_to_hub="someone/model")
     assert not (tmp_path / "x").exists()
+
+
+class FakeHub:
+    """huggingface_hub.HfApi as the push uses it, recording the calls; ``fail`` makes the upload raise."""
+
+    calls: list = []
+    fail = False
+
+    def __init__(self, token=None):
+        self.token = token
+
+    def create_repo(self, repo_id, exist_ok=False):
+        FakeHub.calls.append(("create_repo", repo_id, self.token))
+
+    def upload_folder(self, repo_id, folder_path, commit_message):
+        if FakeHub.fail:
+            raise ConnectionError("no route to host\nmore")
+        FakeHub.calls.append(("upload_folder", repo_id, sorted(os.listdir(folder_path))))
+
+
+def test_a_run_pushes_its_final_policy_at_the_end_and_a_failed_push_loses_nothing(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from elastic_reset.errors import ElasticResetError
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHub)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(ConfigError, match=r"^push_to_hub: no Hugging Face token found"):
+        RLTrainer(run_config("steps=1", "push_to_hub=me/policy"), tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()  # refused before any work
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "tok")
+    FakeHub.calls, FakeHub.fail = [], False
+    RLTrainer(run_config("steps=1", "push_to_hub=me/policy"), tmp_path / "run").train()
+    final = sorted(os.listdir(tmp_path / "run" / "final"))
+    assert FakeHub.calls == [("create_repo", "me/policy", "tok"), ("upload_folder", "me/policy", final)]
+    assert "README.md" in final
+
+    FakeHub.fail = True
+    with pytest.raises(ElasticResetError, match=r"^push_to_hub: the upload to me/policy failed \(no route to host\);"
+                                                r" the run is complete and its policy is in .*final"):
+        RLTrainer(run_config("steps=1", "push_to_hub=me/policy"), tmp_path / "offline").train()
+    assert (tmp_path / "offline" / "final" / "README.md").is_file()
+    assert [r["step"] for r in read_metrics(tmp_path / "offline" / "metrics.jsonl") if "reward" in r] == [1]
 
 
 def test_the_card_names_the_base_model_on_the_hub():

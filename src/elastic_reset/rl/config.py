@@ -350,6 +350,9 @@ class TrainConfig(Section):
     given without the list. ``metrics.jsonl`` is written either way."""
     tensorboard: bool = False
     """Also write TensorBoard event files into ``RUN/tensorboard``: the same as ``report_to: [tensorboard]``."""
+    push_to_hub: str | None = None
+    """A Hub repository (``user/name``) to upload ``RUN/final`` to when the run ends (TRL's ``push_to_hub`` with
+    ``hub_model_id``); the token is checked before training starts (``hf auth login`` or ``HF_TOKEN``)."""
     log_completions: bool = False
     """Write every iteration's samples to ``RUN/completions.jsonl`` (step, prompt, completion, reward, each reward's
     part, the columns a reward adds with TRL's ``log_extra``) and send them as a ``completions`` table to the
@@ -711,7 +714,7 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "log_completions", "progress")
+RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "log_completions", "push_to_hub", "progress")
 """The settings a continued run may change: how far it goes and where it reports, nothing that changes a number."""
 
 

@@ -219,14 +219,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     if not config_path.is_file():
         raise RunFileError(f"{config_path}: missing; {run_dir} is not a run directory (`elastic-reset train` "
                            "writes config.yaml there)")
-    token = None
-    if push_to_hub is not None:  # refuse before any work
-        from huggingface_hub import get_token
-
-        token = get_token()
-        if token is None:
-            raise ConfigError(f"--push-to-hub {push_to_hub}: no Hugging Face token found; log in with `hf auth "
-                              "login` or set HF_TOKEN")
+    token = hub_token(f"--push-to-hub {push_to_hub}") if push_to_hub is not None else None  # before any work
     config = load_config(config_path)
     if ema:
         _check_ema(config)  # before loading a checkpoint
@@ -243,11 +236,25 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
             params[name].copy_(tensor)
     out = save_run_policy(run_dir, config, model, tokenizer, out, step, ema=ema, merge=merge, command=command)
     if push_to_hub is not None:
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-        api.create_repo(push_to_hub, exist_ok=True)
-        # The folder as written (weights, tokenizer, card), rather than a second serialisation by model.push_to_hub.
-        api.upload_folder(repo_id=push_to_hub, folder_path=str(out),
-                          commit_message=f"elastic-reset export of {run_dir.name}, step {step}")
+        push_folder(out, push_to_hub, token, f"elastic-reset export of {run_dir.name}, step {step}")
     return out
+
+
+def hub_token(what: str) -> str:
+    """The Hugging Face token a push will use; a one-line :class:`ConfigError` naming ``what`` without one."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if token is None:
+        raise ConfigError(f"{what}: no Hugging Face token found; log in with `hf auth login` or set HF_TOKEN")
+    return token
+
+
+def push_folder(folder: str | Path, repo_id: str, token: str, message: str) -> None:
+    """Upload ``folder`` as written (weights, tokenizer, card) to the Hub repository ``repo_id``, made if missing,
+    rather than a second serialisation by ``model.push_to_hub``."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=message)

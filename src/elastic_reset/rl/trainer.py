@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import get_scheduler
 
-from elastic_reset.errors import ConfigError, NonFiniteError, RewardError, first_line
+from elastic_reset.errors import ConfigError, ElasticResetError, NonFiniteError, RewardError, first_line
 from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, use_fp32_attention
 from elastic_reset.lm.device import autocast_dtype, resolve_device
 from elastic_reset.lm.scoring import ResponseOutput, contiguous_head_input
@@ -30,7 +30,7 @@ from elastic_reset.rl.config import TrainConfig, config_to_dict
 from elastic_reset.rl.distributed import DataParallel, mean_record
 from elastic_reset.rl.estimators import Minibatch, build_estimator
 from elastic_reset.rl.evaluation import Evaluator
-from elastic_reset.rl.export import save_run_policy
+from elastic_reset.rl.export import hub_token, push_folder, save_run_policy
 from elastic_reset.rl.methods import PolicyHandle, build_method
 from elastic_reset.rl.policy import (
     Policy,
@@ -68,6 +68,8 @@ class RLTrainer:
         self.out_dir = Path(out_dir)
         # Under `accelerate launch`: one rank of several (rl/distributed.py); otherwise the identity.
         self.dp = DataParallel.from_environment(resolve_device(config.model.device).type)
+        # refused before any work, not after the run
+        self._hub_token = hub_token("push_to_hub") if config.push_to_hub and self.dp.is_main else None
         self.run = RunDirectory(self.out_dir, config, is_main=self.dp.is_main)
         self._frozen_casts: ExitStack | None = None
         try:
@@ -572,6 +574,15 @@ class RLTrainer:
             self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config))
         return self._trackers
 
+    def _push(self, final: Path) -> None:
+        repo = self.config.push_to_hub
+        try:
+            push_folder(final, repo, self._hub_token, f"elastic-reset run {self.out_dir.name}, step {self.step}")
+        except Exception as err:  # the run is saved: say how to finish by hand
+            raise ElasticResetError(f"push_to_hub: the upload to {repo} failed ({first_line(err)}); the run is "
+                                    f"complete and its policy is in {final}: `hf upload {repo} {final}` uploads it"
+                                    ) from err
+
     def _eval_due(self, step: int) -> bool:
         every = self.config.eval.every
         return every > 0 and (step % every == 0 or step == self.config.steps)
@@ -620,8 +631,10 @@ class RLTrainer:
                 written.append(self._evaluate_and_log(test=True))  # once, on the final weights
             if self.dp.is_main:  # the trained policy as a save_pretrained folder, while the run is still locked
                 self._restore_fp32_weights()  # the fp32 originals, not autocast's bf16 copies
-                save_run_policy(self.out_dir, self.config, self.model, self.tokenizer, self.out_dir / "final",
-                                self.step)
+                final = save_run_policy(self.out_dir, self.config, self.model, self.tokenizer,
+                                        self.out_dir / "final", self.step)
+                if self.config.push_to_hub:
+                    self._push(final)
         finally:
             if bar is not None:
                 bar.close()
