@@ -141,6 +141,46 @@ def test_completion_rows_reach_trackers_that_take_tables_as_one_table(tmp_path):
                                                   [[2, "p", "a", 1.0], [2, "q", "b", None]])})]
 
 
+class FakeWandB(StubTracker):
+    """accelerate's W&B tracker as Trackers builds one, recording its arguments."""
+
+    name = "wandb"
+    requires_logging_directory = False
+    made: list = []
+
+    def __init__(self, project, **kwargs):
+        super().__init__()
+        FakeWandB.made.append((project, kwargs.get("name")))
+
+    def start(self):
+        pass
+
+    def store_init_configuration(self, values):
+        pass
+
+
+@pytest.mark.parametrize("env, project, run_name, expected", [
+    (None, None, None, ("elastic-reset", "run")),
+    ("mine", None, None, ("mine", "run")),  # WANDB_PROJECT, as a W&B user sets it
+    ("mine", "theirs", "er-beta-0.1", ("theirs", "er-beta-0.1")),  # the run's own settings win
+])
+def test_a_wandb_run_is_filed_under_the_users_project_and_name(tmp_path, monkeypatch, env, project, run_name,
+                                                                   expected):
+    import accelerate.tracking
+
+    from elastic_reset.rl.tracking import Trackers
+
+    monkeypatch.setitem(accelerate.tracking.LOGGER_TYPE_TO_CLASS, "wandb", FakeWandB)
+    monkeypatch.setattr(accelerate.tracking, "filter_trackers", lambda names, run_dir: names)
+    if env is None:
+        monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_PROJECT", env)
+    FakeWandB.made = []
+    Trackers(["wandb"], tmp_path / "run", {}, project=project, run_name=run_name).close()
+    assert FakeWandB.made == [expected]
+
+
 def test_a_continued_run_may_add_a_tracker_but_not_change_a_number(tmp_path):
     from elastic_reset.errors import ConfigError
     from elastic_reset.rl.trainer import RLTrainer

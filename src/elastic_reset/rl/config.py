@@ -350,6 +350,12 @@ class TrainConfig(Section):
     given without the list. ``metrics.jsonl`` is written either way."""
     tensorboard: bool = False
     """Also write TensorBoard event files into ``RUN/tensorboard``: the same as ``report_to: [tensorboard]``."""
+    project: str | None = None
+    """The trackers' project (MLflow's, Aim's experiment; transformers' ``project``). None: the tracker's own
+    variable where set (``WANDB_PROJECT``, ``COMET_PROJECT_NAME``, ``MLFLOW_EXPERIMENT_NAME``, ``CLEARML_PROJECT``,
+    ``SWANLAB_PROJECT``, as transformers reads them), else ``elastic-reset``."""
+    run_name: str | None = None
+    """The run's name in W&B (TRL's ``run_name``). None: the run directory's name."""
     push_to_hub: str | None = None
     """A Hub repository (``user/name``) to upload ``RUN/final`` to when the run ends (TRL's ``push_to_hub`` with
     ``hub_model_id``); the token is checked before training starts (``hf auth login`` or ``HF_TOKEN``)."""
@@ -714,7 +720,8 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "log_completions", "push_to_hub", "progress")
+RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "project", "run_name", "log_completions", "push_to_hub",
+                     "progress")
 """The settings a continued run may change: how far it goes and where it reports, nothing that changes a number."""
 
 

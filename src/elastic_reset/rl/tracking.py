@@ -10,11 +10,16 @@ ClearML table). The run's config, flattened, is each tracker's hyperparameters. 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 PROJECT = "elastic-reset"
-"""The project (W&B, Comet, Trackio…) or experiment (MLflow, Aim) the runs are filed under."""
+"""The project (W&B, Comet, Trackio…) or experiment (MLflow, Aim) the runs are filed under, unless the run's
+``project`` or the tracker's own variable (:data:`PROJECT_VARIABLES`) names another."""
+PROJECT_VARIABLES = {"wandb": "WANDB_PROJECT", "comet_ml": "COMET_PROJECT_NAME", "mlflow": "MLFLOW_EXPERIMENT_NAME",
+                     "clearml": "CLEARML_PROJECT", "swanlab": "SWANLAB_PROJECT"}
+"""The environment variable each tracker's users set for its project, read as transformers' callbacks read them."""
 SUBFOLDER = {"tensorboard": "tensorboard"}
 """The folder of the run directory a tracker that writes files locally writes into (none: the run directory)."""
 RESET_SCALARS = ("index", "distance")
@@ -36,9 +41,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | 
 
 class Trackers:
     """The trackers named by ``names`` (``TrainConfig.trackers()``) for the run in ``run_dir``; create and use it on
-    rank 0 only. ``config``: the run's config as a mapping, stored as hyperparameters."""
+    rank 0 only. ``config``: the run's config as a mapping, stored as hyperparameters. ``project``: where the run is
+    filed (None: the tracker's variable, else :data:`PROJECT`); ``run_name``: its name in W&B (None: the run
+    directory's)."""
 
-    def __init__(self, names: list[str], run_dir: str | Path, config: dict[str, Any]):
+    def __init__(self, names: list[str], run_dir: str | Path, config: dict[str, Any], project: str | None = None,
+                 run_name: str | None = None):
         from accelerate import PartialState
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS, filter_trackers
 
@@ -49,12 +57,13 @@ class Trackers:
             for kind in filter_trackers(names, run_dir):
                 name = str(kind)
                 cls = LOGGER_TYPE_TO_CLASS[name]
+                filed = project or os.environ.get(PROJECT_VARIABLES.get(name, "")) or PROJECT
                 if cls.requires_logging_directory:
-                    tracker = cls(SUBFOLDER.get(name, PROJECT), run_dir)
+                    tracker = cls(SUBFOLDER.get(name, filed), run_dir)
                 elif name == "wandb":  # named after the run, its files beside the run's rather than in the cwd
-                    tracker = cls(PROJECT, name=run_dir.name, dir=str(run_dir))
+                    tracker = cls(filed, name=run_name or run_dir.name, dir=str(run_dir))
                 else:
-                    tracker = cls(PROJECT)
+                    tracker = cls(filed)
                 tracker.main_process_only = False  # the trainer already calls on rank 0 only
                 tracker.start()
                 self.trackers.append(tracker)

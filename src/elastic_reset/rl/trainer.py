@@ -571,7 +571,8 @@ class RLTrainer:
     def _open_trackers(self) -> Trackers | None:
         """The run's trackers, opened at the first record (set-up writes nothing); None without any."""
         if self._trackers is None and self.config.trackers():
-            self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config))
+            self._trackers = Trackers(self.config.trackers(), self.out_dir, config_to_dict(self.config),
+                                      project=self.config.project, run_name=self.config.run_name)
         return self._trackers
 
     def _push(self, final: Path) -> None:
