@@ -434,7 +434,7 @@ def taken_column(prompts, completions, log_extra, **kwargs):
     return [0.0] * len(completions)
 
 def taken_metric(prompts, completions, log_metric, **kwargs):
-    log_metric("reward", 1.0)
+    log_metric("entropy", 1.0)  # a statistic of the update, added to the record after the reward's
     return [0.0] * len(completions)
 """
 
@@ -458,7 +458,7 @@ def test_a_logged_metric_never_overwrites_the_trainers_own(files):
     reward = f"{files / 'bad_logs.py'}:taken_metric"
     config = tiny_config("task.name=prompts", "steps=1",
                          f"task.options={{path: {files / 'prompts.jsonl'}, reward: {reward}}}")
-    with pytest.raises(RewardError, match=r"^log_metric\('reward', \.\.\.\): 'reward' is a metric the trainer logs"):
+    with pytest.raises(RewardError, match=r"^log_metric\('entropy', \.\.\.\): 'entropy' is a metric the trainer logs"):
         RLTrainer(config, files / "run").train()
 
 

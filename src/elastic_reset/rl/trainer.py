@@ -406,7 +406,6 @@ class RLTrainer:
             "dropped": int((~keep).sum()),
             **{f"rewards/{name}": value for name, value in components.items()},
         }
-        add_logged(record, component_means([self.reward.logged]))
         for key in dict.fromkeys(key for st in stats for key in st):  # each statistic's mean over the minibatches
             values = [st[key] for st in stats if key in st]
             record[key] = sum(values) / len(values)
@@ -416,6 +415,7 @@ class RLTrainer:
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         if self.device.type == "cuda":  # what the process has held on the GPU so far (compare --jobs sizes by it)
             record["memory/gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
+        add_logged(record, component_means([self.reward.logged]))  # last: never over a key the trainer logs
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
 
     def _log_completions(self, prompts: list[str], completions: list[str], scores: torch.Tensor,
