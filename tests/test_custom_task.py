@@ -385,6 +385,15 @@ def test_a_resumed_run_writes_each_steps_completions_once(files):
     assert "lost" not in (run / "completions.jsonl").read_text()
 
 
+def test_a_column_named_as_what_trl_passes_gives_way_to_trls_value(files):
+    (files / "state.jsonl").write_text("".join(json.dumps({"prompt": p, "trainer_state": "a column"}) + "\n"
+                                               for p in PROMPTS))
+    (files / "state.py").write_text("def steps(prompts, completions, trainer_state, **kwargs):\n"
+                                    "    return [float(trainer_state.global_step)] * len(completions)\n")
+    t = task(files, path=str(files / "state.jsonl"), reward=f"{files / 'state.py'}:steps")
+    assert checked(t)([PROMPTS[0]], ["a"])[0].tolist() == [0.0]
+
+
 ASYNC = """
 import asyncio
 

@@ -13,8 +13,11 @@ from typing import Any
 from elastic_reset.data.jsonl import json_objects
 from elastic_reset.errors import ConfigError, DataFileError, first_line
 
-_RESERVED = ("prompts", "completions", "completion_ids")
-"""Keyword names the reward call uses itself: a dataset column with such a name is not passed on."""
+TRL_KWARGS = ("completion_ids", "trainer_state", "log_metric", "log_extra")
+"""What TRL's ``GRPOTrainer`` passes a reward function besides prompts, completions and the dataset's columns."""
+_RESERVED = ("prompts", "completions", *TRL_KWARGS)
+"""Keyword names the reward call uses itself: a dataset column with such a name is not passed on (TRL's own values
+take its place, as in ``GRPOTrainer``)."""
 
 
 def read_rows(source: Any, key: str, *, split: str = "train", dataset: bool = False) -> list[dict[str, Any]]:

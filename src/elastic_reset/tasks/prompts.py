@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastic_reset.data.prompts import read_texts
+from elastic_reset.data.prompts import TRL_KWARGS, read_texts
 from elastic_reset.errors import ConfigError, DataFileError, first_line
 from elastic_reset.rewards.calling import call_rewards, takes_keyword
 from elastic_reset.tasks.base import Task, load_object, register_task
@@ -76,10 +76,6 @@ def _source(path: str | None, dataset: Any, path_key: str, dataset_key: str) -> 
 
 
 # ------------------------------------------------------------------------------------------------ rewards
-TRL_KWARGS = ("completion_ids", "trainer_state", "log_metric", "log_extra")
-"""What TRL's ``GRPOTrainer`` passes a reward function besides prompts, completions and the dataset's columns."""
-
-
 class TRLReward:
     """The task's reward: TRL-style reward functions called with the columns of each prompt's row, summed with
     weights. Called by the engine as ``(prompts, completions)``, with prompts as the policy saw them."""
