@@ -40,6 +40,10 @@ from elastic_reset.rl.sections import Section
 
 Algo = Literal["ppo", "reinforce", "rloo"]
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
+Scheduler = Literal["constant", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant_with_warmup",
+                    "inverse_sqrt"]
+SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
+"""The transformers schedulers (``get_scheduler``) ``algo.lr_scheduler`` takes."""
 
 Tracker = Literal["none", "all", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive",
                   "swanlab", "aim"]
@@ -181,8 +185,7 @@ class AlgoConfig(Section):
     """``ppo`` (clipped ratio, value head, GAE), ``reinforce`` (moving-average baseline), or ``rloo``."""
     lr: PositiveFloat = 1e-5
     """Adam learning rate (RL4LMs IMDB: 1e-6 with full fine-tuning; LoRA wants more)."""
-    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant_with_warmup",
-                          "inverse_sqrt"] = "constant"
+    lr_scheduler: Scheduler = "constant"
     """How ``lr`` changes over the run's ``steps``: transformers' scheduler of this name (``get_scheduler``), stepped
     once an iteration; logged as ``lr``. TRL's ``lr_scheduler_type`` (whose default is ``linear``)."""
     warmup_steps: NonNegativeInt = 0

@@ -16,11 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.rl.config import TrainConfig, config_from_dict
-
-SCHEDULERS = ("constant", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant_with_warmup",
-              "inverse_sqrt")
-"""The transformers schedulers ``algo.lr_scheduler`` takes."""
+from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
 
