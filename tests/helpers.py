@@ -27,7 +27,8 @@ def tiny_config(*overrides: str, **sections):
 
 
 LEARN = {"steps": 30, "checkpoint_every": 0, "eval": {"every": 30, "num_prompts": 8},
-         "algo": {"name": "rloo", "lr": 1e-2}, "method": {"name": "none"}, "kl": {"coef": 0.0, "target": None}}
+         "algo": {"name": "rloo", "lr": 1e-2, "epochs": 1}, "method": {"name": "none"},
+         "kl": {"coef": 0.0, "target": None}}
 """RLOO (the fastest learner here) without a KL penalty unless a test adds one, so each method's effect is its own."""
 
 

@@ -181,9 +181,26 @@ def test_meaningless_setting_is_refused_naming_the_key(override, message):
     (["algo.minibatch_size=3"], "algo.minibatch_size: must divide the rollout batch"),
     (["sampling.min_new_tokens=99"], "sampling.min_new_tokens: expected 0 <= min_new_tokens <= max_new_tokens"),
     (["kl.reference=ema"], "kl.reference: 'ema' needs a method that keeps an EMA"),
+    (["algo.ratio=none"], "algo.ratio: ppo's advantages are per token: its ratio is 'token', got 'none'"),
+    (["algo.name=reinforce", "algo.epochs=2", "algo.ratio=none"],
+     "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token or sequence)"),
 ])
 def test_cross_field_rule_is_refused_naming_the_key(overrides, message):
     assert refused(*overrides).startswith(message)
+
+
+@pytest.mark.parametrize("overrides,epochs,ratio", [
+    ([], 4, "token"),
+    (["algo.name=reinforce"], 1, "none"),
+    (["algo.name=rloo", "algo.samples_per_prompt=2", "algo.epochs=2"], 2, "token"),
+    (["algo.name=rloo", "algo.samples_per_prompt=2", "algo.ratio=sequence"], 1, "sequence"),
+])
+def test_epochs_and_ratio_default_by_algorithm_and_are_saved_as_they_ran(overrides, epochs, ratio):
+    # a batch used twice needs the ratio; the saved config holds the settled values, not None
+    algo = config_from_dict({}, overrides).algo
+    assert (algo.epochs, algo.ratio) == (epochs, ratio)
+    assert {k: config_to_dict(config_from_dict({}, overrides))["algo"][k] for k in ("epochs", "ratio")} == \
+        {"epochs": epochs, "ratio": ratio}
 
 
 # ----------------------------------------------------------------------------------------------- files and runs

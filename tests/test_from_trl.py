@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.rl.from_trl import config_from_grpo
@@ -45,11 +46,26 @@ def test_optimizer_steps_become_iterations_and_overrides_come_last():
     assert (config.model.name, config.method.name) == ("tiny-llama", "elastic_reset")
 
 
+@pytest.mark.parametrize("loss_type, aggregation", [("dapo", "token"), ("bnpo", "token"), ("grpo", "sequence"),
+                                                     ("dr_grpo", "constant")])
+def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
+    config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, epsilon=0.2, epsilon_high=0.28,
+                                   loss_type=loss_type, importance_sampling_level="sequence", delta=1.5))
+    a = config.algo
+    assert (a.ratio, a.clip_range, a.clip_range_high, a.ratio_max, a.loss_aggregation) == \
+        ("sequence", 0.2, 0.28, 1.5, aggregation)
+    a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
+    assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "token")
+
+
 @pytest.mark.parametrize("settings, pattern", [
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
-    ({"loss_type": "grpo"}, r"^GRPOConfig\.loss_type: 'grpo': only a token-level mean"),
+    ({"loss_type": "cispo"}, r"^GRPOConfig\.loss_type: 'cispo': one of dapo, bnpo, grpo, dr_grpo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
-    ({"epsilon_high": 0.28}, r"^GRPOConfig\.epsilon_high: 0\.28: asymmetric clipping"),
+    ({"top_entropy_quantile": 0.2}, r"^GRPOConfig\.top_entropy_quantile: 0\.2: not built here"),
+    ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
+    ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
+    ({"shuffle_dataset": False}, r"^GRPOConfig\.shuffle_dataset: False: prompts are always drawn"),
     ({"save_strategy": "epoch"}, r"^GRPOConfig\.save_strategy: 'epoch': only steps"),
     ({"num_iterations": 2, "save_steps": 3}, r"^GRPOConfig\.save_steps: 3 optimizer steps are not whole iterations "
                                              r"of 2$"),
@@ -87,3 +103,77 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     config = scope["config"]
     assert (config.steps, config.algo.samples_per_prompt, config.kl.coef, config.method.name) == \
         (100, 4, 0.04, "elastic_reset")
+
+
+@pytest.mark.parametrize("loss_type, level, delta", [("dapo", "token", None), ("bnpo", "sequence", None),
+                                                     ("grpo", "token", 1.5), ("grpo", "sequence", None),
+                                                     ("dr_grpo", "token", None)])
+def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta):
+    # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
+    # the settings config_from_grpo carries over: the loss and its gradient agree.
+    import types
+    from collections import defaultdict
+
+    from elastic_reset.rl import ops
+
+    args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
+                loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta)
+    a = config_from_grpo(args).algo
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    old = -torch.rand(4, 5, generator=g) * 3
+    logp = (old + 0.6 * torch.randn(4, 5, generator=g)).requires_grad_(True)  # ratios well outside the clip too
+    adv = torch.tensor([1.0, -1.0, -0.5, 2.0])  # row 2: ratios above delta 1.5 with A < 0
+    gathered = types.SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x,
+                                     reduce=lambda x, reduction: x)
+    trainer = types.SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *_, **__: (logp, torch.zeros(4, 5), None), args=args,
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level, beta=0.0,
+        loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False, model=types.SimpleNamespace(
+            training=False), max_completion_length=5, accelerator=gathered, aux_loss_enabled=False,
+        _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)))
+    inputs = {"prompt_ids": torch.zeros(4, 2, dtype=torch.long), "prompt_mask": torch.ones(4, 2, dtype=torch.long),
+              "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+              "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    theirs = trl.GRPOTrainer._compute_loss(trainer, None, inputs)
+    (their_grad,) = torch.autograd.grad(theirs, logp)
+    ours, _ = ops.ppo_policy_loss(logp, old, adv[:, None].expand(4, 5), mask, a.clip_range, a.clip_range_high,
+                                  a.ratio, a.loss_aggregation, args.max_completion_length, a.ratio_max)
+    (our_grad,) = torch.autograd.grad(ours, logp)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(our_grad, their_grad)
+
+
+def test_every_grpo_setting_of_this_trl_is_read_or_known_to_make_no_difference(monkeypatch):
+    # so that the refusal of an unread setting below only ever meets a newer TRL's
+    import dataclasses
+
+    import transformers
+
+    from elastic_reset.rl import from_trl
+
+    seen = {}
+    monkeypatch.setattr(from_trl, "_refuse_unread", lambda args, read: seen.update(read=read))
+    config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8))
+    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    own = {f.name for f in dataclasses.fields(trl.GRPOConfig)} - inherited
+    assert not own - seen["read"] - from_trl.IGNORED
+
+
+def test_a_setting_this_version_does_not_know_is_refused_unless_at_its_default():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class NewerGRPOConfig(trl.GRPOConfig):
+        dynamic_sampling: bool = False
+
+    settings = {"output_dir": "out/p", "bf16": False, "report_to": "none", "max_steps": 20, "num_generations": 4,
+                "per_device_train_batch_size": 8}
+    assert config_from_grpo(NewerGRPOConfig(**settings)).steps == 20
+    with pytest.raises(ConfigError, match=r"^GRPOConfig\.dynamic_sampling: True: not known to this version"):
+        config_from_grpo(NewerGRPOConfig(**settings, dynamic_sampling=True))
+
+
+def test_the_entropy_bonus_carries_over():
+    assert config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo \
+        .entropy_coef == 0.01

@@ -15,7 +15,9 @@ from elastic_reset.rl.ops import (
     masked_mean,
     masked_sum,
     masked_var,
+    policy_gradient_loss,
     ppo_policy_loss,
+    reduce_loss,
     rloo_advantages,
     token_rewards,
     value_loss,
@@ -306,6 +308,79 @@ def test_ppo_policy_loss_does_not_clip_in_the_improving_direction():
     assert close(loss, -2.0) and stats["approx_kl"].item() == 0.0 and stats["ratio_mean"].item() == 1.0
 
 
+def test_clip_range_high_clips_above_at_its_own_bound():
+    # DAPO's clip-higher, eps 0.2 / eps_high 0.28: A = +1, ratio 1.25 is inside [0.8, 1.28] (loss -1.25, gradient
+    # -1.25); with the symmetric clip it is cut at 1.2 (gradient 0). Below, A = -1, ratio 0.7: cut at 0.8 either way.
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[math.log(1.25), math.log(0.7)]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, stats = ppo_policy_loss(logp, old, adv, torch.ones(1, 2), 0.2, clip_range_high=0.28)
+    assert close(loss, (-1.25 + 0.8) / 2) and close(stats["clipfrac"], 0.5)
+    loss.backward()
+    assert close(logp.grad, [[-1.25 / 2, 0.0]])
+    symmetric, stats = ppo_policy_loss(logp, old, adv, torch.ones(1, 2), 0.2)
+    assert close(symmetric, (-1.2 + 0.8) / 2) and close(stats["clipfrac"], 1.0)
+
+
+def test_ratio_max_caps_the_unclipped_ratio_of_a_negative_advantage():
+    # A = -1, ratio 3, eps 0.2: PPO's pessimistic term is the unclipped -A·3 = 3 (gradient 3); delta 2 caps it at 2
+    # (no gradient). A = +1, ratio 3: clipped at 1.2 either way.
+    old = torch.zeros(1, 2)
+    logp = torch.full((1, 2), math.log(3.0), requires_grad=True)
+    adv = torch.tensor([[-1.0, 1.0]])
+    loss, _ = ppo_policy_loss(logp, old, adv, torch.ones(1, 2), 0.2)
+    assert close(loss, (3.0 - 1.2) / 2)
+    capped, _ = ppo_policy_loss(logp, old, adv, torch.ones(1, 2), 0.2, ratio_max=2.0)
+    assert close(capped, (2.0 - 1.2) / 2)
+    capped.backward()
+    assert close(logp.grad, [[0.0, 0.0]])
+
+
+def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
+    # GSPO: row 0's token log-ratios 0.1 and -0.1 give one ratio exp(0) = 1 for both tokens, so with A = 1 each of
+    # its tokens' losses is -1, and each log-prob moves both: gradient 2 x -A·ρ/2 / 3 tokens = -1/3 (per token it
+    # would be -exp(±0.1)/3). Row 1: one real token, log-ratio ln 2: ratio 2 > 1.2, clipped, no gradient; its
+    # padded slot (a huge log-prob) changes nothing.
+    old = torch.zeros(2, 2)
+    logp = torch.tensor([[0.1, -0.1], [math.log(2.0), 80.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, stats = ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2, level="sequence")
+    assert close(loss, (-1.0 - 1.0 - 1.2) / 3)
+    assert close(stats["ratio_mean"], (1.0 + 1.0 + 2.0) / 3) and close(stats["clipfrac"], 1 / 3)
+    loss.backward()
+    assert close(logp.grad, [[-1 / 3, -1 / 3], [0.0, 0.0]])
+    tokens, _ = ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2)
+    assert close(tokens, (-math.exp(0.1) - math.exp(-0.1) - 1.2) / 3)
+    with pytest.raises(ValueError, match="^level: expected token or sequence"):
+        ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2, level="seq")
+
+
+def test_loss_reductions_by_hand():
+    # Rows [1, 2] and [4] (padding is NaN): token mean 7/3 (TRL's dapo/bnpo), the mean of the rows' means
+    # (1.5 + 4) / 2 (grpo), the sum over responses x max_len 2 x 5 (dr_grpo); an empty row counts as zeros.
+    x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("nan"), float("nan")]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert close(reduce_loss(x, mask, "token"), 7 / 3)
+    assert close(reduce_loss(x, mask, "sequence"), 2.75)
+    assert close(reduce_loss(x, mask, "constant", max_len=5), 0.7)
+    empty = torch.cat([mask, torch.zeros(1, 3, dtype=mask.dtype)])
+    assert close(reduce_loss(torch.cat([x, torch.ones(1, 3)]), empty, "sequence"), 5.5 / 3)
+    with pytest.raises(ValueError, match="^max_len: expected a positive number"):
+        reduce_loss(x, mask, "constant")
+    with pytest.raises(ValueError, match="^how: expected token, sequence or constant"):
+        reduce_loss(x, mask, "mean")
+
+
+def test_the_plain_policy_gradient_loss_is_minus_the_advantage_weighted_log_prob():
+    logp = torch.tensor([[-1.0, -2.0, 50.0]], requires_grad=True)
+    adv = torch.tensor([[2.0, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss = policy_gradient_loss(logp, adv, mask, "constant", max_len=4)
+    assert close(loss, (2.0 - 2.0) / 4)
+    loss.backward()
+    assert close(logp.grad, [[-2.0 / 4, 1.0 / 4, 0.0]])
+
+
 def test_ppo_policy_loss_bad_inputs():
     z = torch.zeros(1, 2)  # a clip range of 0, -0.1 or None: refused by the config, below
     with pytest.raises(ValueError, match="advantages"):
@@ -347,7 +422,7 @@ def test_rloo_scaled_by_its_group_is_grpos_advantage_times_k_over_k_minus_1():
 
     config = config_from_dict({}, ["algo.name=rloo", "algo.samples_per_prompt=4", "algo.prompts_per_step=2",
                                    "algo.scale_rewards=group", "algo.whiten_advantages=false"]).algo
-    rloo = build_estimator(config, DataParallel(), 8, torch.device("cpu"))
+    rloo = build_estimator(config, DataParallel(), 3, 8, torch.device("cpu"))
     scores = torch.tensor([1.0, 0.0, 0.5, 0.5, 3.0, 1.0, 2.0, 6.0])
     mask = torch.ones(8, 3)
     advantages, _ = rloo.advantages(scores, torch.ones(8, dtype=torch.bool), mask, mask, torch.zeros(8, 3), 0.0, None)

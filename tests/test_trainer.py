@@ -68,6 +68,45 @@ def test_single_pass_ppo_equals_ppo_with_a_separate_old_forward(tmp_path):
         torch.testing.assert_close(value, first[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+def test_rloo_with_a_ratio_reuses_its_batch_for_every_epoch(tmp_path, ratio):
+    # TRL's num_iterations: 2 epochs x 2 minibatches = 4 optimizer steps an iteration, the later ones off-policy
+    trainer = RLTrainer(tiny_config("algo.name=rloo", "algo.samples_per_prompt=2", "algo.epochs=2",
+                                    f"algo.ratio={ratio}", "algo.minibatch_size=4"), tmp_path)
+    steps = []
+    original = trainer.optimizer.step
+    trainer.optimizer.step = lambda *a, **k: (steps.append(1), original(*a, **k))[1]
+    record = trainer.train_step()
+    assert len(steps) == 4
+    assert record["ratio_mean"] != 1.0 and record["approx_kl"] > 0  # the second epoch saw a moved policy
+
+
+def test_nlpo_with_a_ratio_starts_each_batch_at_ratio_one(tmp_path):
+    # The sampler records the unmasked log-probs; a ratio must be taken against NLPO's masked distribution, which
+    # the first optimizer step on a fresh batch (the policy that sampled it) gives again: approx_kl 0.
+    trainer = RLTrainer(tiny_config("method.name=nlpo", "method.nlpo_top_p=0.5", "algo.name=rloo",
+                                    "algo.samples_per_prompt=2", "algo.epochs=2", "algo.minibatch_size=8"), tmp_path)
+    seen = []
+    original = trainer.estimator.loss
+    trainer.estimator.loss = lambda out, mb: (lambda r: (seen.append(r[1]), r)[1])(original(out, mb))
+    trainer.train_step()
+    assert seen[0]["approx_kl"] == pytest.approx(0.0, abs=1e-6) and seen[1]["approx_kl"] > 1e-5
+
+
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+def test_a_ratio_on_a_batch_used_once_gives_the_plain_policy_gradient(tmp_path, ratio):
+    # One optimizer step on the whole batch: the ratio is exactly 1 and its gradient is -A·∇log π, REINFORCE's.
+    common = ("algo.name=rloo", "algo.samples_per_prompt=2", "algo.minibatch_size=8", "algo.epochs=1")
+    plain = RLTrainer(tiny_config(*common, "algo.ratio=none"), tmp_path / "plain")
+    clipped = RLTrainer(tiny_config(*common, f"algo.ratio={ratio}"), tmp_path / "clipped")
+    plain.train_step()
+    record = clipped.train_step()
+    assert record["ratio_mean"] == 1.0 and record["clipfrac"] == 0.0
+    after = trainable(plain)
+    for name, value in trainable(clipped).items():
+        torch.testing.assert_close(value, after[name], rtol=1e-5, atol=1e-6)
+
+
 def test_reset_to_init_returns_the_policy_to_its_initial_weights_but_not_the_value_head(tmp_path):
     config = tiny_config("method.name=reset_to_init", "method.reset_every=3")
     trainer = RLTrainer(config, tmp_path)

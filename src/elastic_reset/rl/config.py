@@ -194,12 +194,32 @@ class AlgoConfig(Section):
     """Prompts sampled per training iteration."""
     samples_per_prompt: PositiveInt = 1
     """Completions per prompt (RLOO needs >= 2)."""
-    epochs: PositiveInt = 4
-    """Passes over each rollout batch (PPO; REINFORCE and RLOO are on-policy and use 1)."""
+    epochs: PositiveInt | None = None
+    """Passes over each rollout batch (TRL's ``num_iterations``); more than one needs an importance ratio
+    (``ratio``). None: 4 for ``ppo``, 1 for ``reinforce`` and ``rloo``."""
     minibatch_size: PositiveInt = 8
     """Completions per optimizer step."""
+    ratio: Literal["none", "token", "sequence"] | None = None
+    """The policy loss. ``none``: the plain policy gradient −A·log π (REINFORCE's; a minibatch after the first
+    optimizer step of a batch is then a little off-policy, uncorrected). ``token``: PPO's clipped ratio π/π_old per
+    token, π_old the policy that sampled the batch (TRL GRPO's ``importance_sampling_level: token``); the same
+    gradient as ``none`` when a batch is one optimizer step. ``sequence``: GSPO's ratio, exp of the sequence's mean
+    token log-ratio, clipped (TRL's ``sequence``). None: ``token`` for ``ppo`` (its only one) and for a batch
+    used more than once (``epochs`` > 1), ``none`` otherwise."""
     clip_range: PositiveFloat = 0.2
-    """PPO ratio clip ε."""
+    """The ratio clip ε: the ratio is clipped to [1 − ε, 1 + ε_high] (TRL's ``epsilon``)."""
+    clip_range_high: PositiveFloat | None = None
+    """ε_high, the upper clip (DAPO's clip-higher: 0.28; TRL's ``epsilon_high``). None: ``clip_range``."""
+    ratio_max: Annotated[float, Field(gt=1)] | None = None
+    """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
+    1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends
+    δ > 1 + ε_high). None: no cap, PPO's objective."""
+    loss_aggregation: Literal["token", "sequence", "constant"] = "token"
+    """How the policy loss of a minibatch's tokens becomes one number. ``token``: the mean over its tokens (TRL's
+    ``loss_type`` ``dapo`` and ``bnpo``, as lm-human-preferences): a long response weighs by its length.
+    ``sequence``: each response's mean, then the mean over responses (TRL's ``grpo``: short responses weigh more
+    per token). ``constant``: the sum over tokens / (responses × ``sampling.max_new_tokens``) (TRL's
+    ``dr_grpo``)."""
     clip_range_value: PositiveFloat | None = 0.2
     """PPO value clip (None: no clipping)."""
     vf_coef: NonNegativeFloat = 0.5
@@ -235,6 +255,13 @@ class AlgoConfig(Section):
     """A response cut off at ``sampling.max_new_tokens`` (no EOS) adds nothing to the loss; its reward still counts
     in its prompt's baseline: DAPO's overlong filtering, TRL's ``mask_truncated_completions``. ``clipped_ratio`` is
     logged either way."""
+
+    def __post_init__(self) -> None:
+        # The defaults that depend on the algorithm, settled here so that a saved config holds what ran
+        if self.epochs is None:
+            self.epochs = 4 if self.name == "ppo" else 1
+        if self.ratio is None:
+            self.ratio = "token" if self.name == "ppo" or self.epochs > 1 else "none"
 
 
 @dataclass
@@ -400,6 +427,11 @@ def _check_rules(config: TrainConfig) -> None:
          f"rloo needs >= 2 samples per prompt for its leave-one-out baseline, got {a.samples_per_prompt}")
     need(a.scale_rewards == "none" or a.name == "rloo", "algo.scale_rewards",
          f"'group' scales each prompt's group of samples: algo.name rloo, not {a.name!r}")
+    need(a.name != "ppo" or a.ratio == "token", "algo.ratio",
+         f"ppo's advantages are per token: its ratio is 'token', got {a.ratio!r}")
+    need(a.epochs == 1 or a.ratio != "none", "algo.epochs",
+         f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token or sequence); the plain policy "
+         "gradient (ratio: none) is on-policy, one pass")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",
          f"the constant schedule has no warmup (lr_scheduler: constant_with_warmup has), got {a.warmup_steps}")
     batch = a.prompts_per_step * a.samples_per_prompt

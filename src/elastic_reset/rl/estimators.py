@@ -2,9 +2,13 @@
 loss. The trainer picks one at set-up and never asks which it has.
 
 - ``ppo``: per-token rewards (the KL penalty at every token, the score at the last), GAE over a value head that
-  shares the policy's trunk, the clipped ratio objective and a clipped value loss; ``algo.epochs`` passes.
-- ``reinforce``: the sequence return minus a moving-average baseline; one on-policy pass.
-- ``rloo``: the sequence return minus the mean of the other samples of its prompt; one on-policy pass.
+  shares the policy's trunk, the clipped ratio objective and a clipped value loss.
+- ``reinforce``: the sequence return minus a moving-average baseline.
+- ``rloo``: the sequence return minus the mean of the other samples of its prompt (GRPO's, with
+  ``scale_rewards``).
+
+Every one makes ``algo.epochs`` passes; the loss is the plain policy gradient or the clipped ratio
+(``algo.ratio``), reduced as ``algo.loss_aggregation`` says.
 """
 
 from __future__ import annotations
@@ -44,14 +48,16 @@ class Estimator:
     value_head: ValueHead | None = None
     """PPO's value head (the only algorithm with a critic); it is never reset by a drift method."""
 
-    def __init__(self, config: AlgoConfig, dp: DataParallel):
+    def __init__(self, config: AlgoConfig, dp: DataParallel, max_new_tokens: int):
         self.config = config
         self.dp = dp
+        self.max_new_tokens = max_new_tokens
+        """The constant of ``loss_aggregation: constant``."""
 
     @property
     def epochs(self) -> int:
         """Passes over each rollout batch."""
-        return 1
+        return self.config.epochs
 
     def values(self, out: ResponseOutput) -> torch.Tensor | None:
         """V(s_t) from a forward's hidden states (None without a critic)."""
@@ -76,8 +82,15 @@ class Estimator:
 
     def loss(self, out: ResponseOutput, mb: Minibatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The minibatch's policy-gradient loss (before the entropy bonus and a method's extra loss)."""
-        loss = -ops.masked_mean(out.logprobs * mb.advantages, mb.mask)
-        return loss, {"policy_loss": float(loss.detach())}
+        c = self.config
+        if c.ratio == "none":
+            loss, stats = ops.policy_gradient_loss(out.logprobs, mb.advantages, mb.mask, c.loss_aggregation,
+                                                   self.max_new_tokens), {}
+        else:
+            loss, stats = ops.ppo_policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, mb.mask, c.clip_range,
+                                              c.clip_range_high, c.ratio, c.loss_aggregation, self.max_new_tokens,
+                                              c.ratio_max)
+        return loss, {**stats, "policy_loss": float(loss.detach())}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -90,8 +103,8 @@ class Reinforce(Estimator):
     """REINFORCE with a moving-average baseline. The baseline is used before it sees the batch (the first batch is
     centred on its own mean), then moves toward the batch's mean: it is this estimator's state, checkpointed."""
 
-    def __init__(self, config: AlgoConfig, dp: DataParallel):
-        super().__init__(config, dp)
+    def __init__(self, config: AlgoConfig, dp: DataParallel, max_new_tokens: int):
+        super().__init__(config, dp, max_new_tokens)
         self.baseline = ops.MovingAverageBaseline(config.baseline_decay)
 
     def sequence_advantages(self, seq_return: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -123,13 +136,10 @@ class RLOO(Estimator):
 class PPO(Estimator):
     """PPO with a value head on the policy's trunk and GAE (``algo.gamma``, ``algo.lam``)."""
 
-    def __init__(self, config: AlgoConfig, dp: DataParallel, hidden_size: int, device: torch.device):
-        super().__init__(config, dp)
+    def __init__(self, config: AlgoConfig, dp: DataParallel, max_new_tokens: int, hidden_size: int,
+                 device: torch.device):
+        super().__init__(config, dp, max_new_tokens)
         self.value_head = ValueHead(hidden_size).to(device)
-
-    @property
-    def epochs(self) -> int:
-        return self.config.epochs
 
     def advantages(self, scores, keep, mask, response_mask, kl_tok, beta, old_values):
         # Over every response (a dropped one has score 0 here); `mask` then keeps dropped ones out of the loss.
@@ -140,14 +150,14 @@ class PPO(Estimator):
 
     def loss(self, out, mb):
         c = self.config
-        loss, st = ops.ppo_policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, mb.mask, c.clip_range)
+        loss, st = super().loss(out, mb)
         vloss, vst = ops.value_loss(self.value_head(out.hidden), mb.old_values, mb.returns, mb.mask,
                                     c.clip_range_value)
-        st = {**st, **vst, "policy_loss": float(loss.detach()), "value_loss": float(vloss.detach())}
-        return loss + c.vf_coef * vloss, st
+        return loss + c.vf_coef * vloss, {**st, **vst, "value_loss": float(vloss.detach())}
 
 
-def build_estimator(config: AlgoConfig, dp: DataParallel, hidden_size: int, device: torch.device) -> Estimator:
+def build_estimator(config: AlgoConfig, dp: DataParallel, max_new_tokens: int, hidden_size: int,
+                    device: torch.device) -> Estimator:
     if config.name == "ppo":
-        return PPO(config, dp, hidden_size, device)
-    return {"reinforce": Reinforce, "rloo": RLOO}[config.name](config, dp)
+        return PPO(config, dp, max_new_tokens, hidden_size, device)
+    return {"reinforce": Reinforce, "rloo": RLOO}[config.name](config, dp, max_new_tokens)

@@ -4,7 +4,8 @@ already has, carried over as README's "Coming from TRL's ``GRPOConfig``" table m
 What GRPO counts in optimizer steps (``max_steps``, ``save_steps``, ``eval_steps``, ``warmup_steps``) becomes
 iterations here (one generation batch each, ``num_iterations`` × its optimizer steps); the batch sizes become
 ``prompts_per_step`` × ``samples_per_prompt`` and ``minibatch_size`` (completions per optimizer step). The
-algorithm is ``rloo`` with GRPO's ``scale_rewards``; β goes into the reward (papers' eq. 1), not the loss. A setting
+algorithm is ``rloo`` with GRPO's ``scale_rewards`` and its clipped ratio (``algo.ratio``, ``clip_range``,
+``clip_range_high``, ``loss_aggregation``); β goes into the reward (papers' eq. 1), not the loss. A setting
 this engine cannot honour is refused in one line naming it, never dropped; ``use_vllm`` and the other settings of
 *how* TRL generates or stores are not about the method and are ignored. ``trl`` itself is not imported.
 """
@@ -19,13 +20,39 @@ from elastic_reset.errors import ConfigError
 from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
+LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant"}
+"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (all with the clipped ratio)."""
+IGNORED = frozenset({
+    # how TRL generates, batches, loads or logs: not about the method
+    "model_init_kwargs", "trust_remote_code", "cast_lm_head_to_fp32", "ds3_gather_for_generation",
+    "pad_to_multiple_of", "cache_implementation", "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config", "use_transformers_paged", "log_multimodal", "num_completions_to_print",
+    "log_unique_prompts", "log_completions_hub_repo", "router_aux_loss_coef", "num_generations_eval",
+    # vLLM's, and the correction of its sampling mismatch: this engine samples with the policy itself
+    "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
+    "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
+    # dropout is always off here (PPO's ratio compares the same weights); the KL is in the reward, not the loss
+    "disable_dropout", "use_bias_correction_kl",
+    # the settings of what is refused above when it is asked for (loss types, TR-DPO's sync, adaptive entropy)
+    "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+    "vespo_lambda_neg", "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max",
+    "entropy_coef_delta", "entropy_target",
+})
+"""``GRPOConfig``'s own settings that make no difference here. Any other one that :func:`config_from_grpo` does not
+read (one a newer TRL added) is refused unless it is at its default."""
 
 
 def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.GRPOConfig``) says, then ``overrides`` (``--set``
     items: the model, the task, the drift-control method, ...). ``args.max_steps`` must be set: GRPO's epochs over
     a dataset have no counterpart here."""
+    read: set[str] = set()
+
     def get(name: str, default: Any = None) -> Any:
+        read.add(name)
         value = getattr(args, name, default)
         return getattr(value, "value", value)  # transformers' enums (SchedulerType, IntervalStrategy)
 
@@ -35,7 +62,8 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     k = int(get("num_generations"))
     per_step = int(get("per_device_train_batch_size")) * int(get("gradient_accumulation_steps", 1)) \
         * int(get("world_size", 1))
-    generation = int(get("generation_batch_size") or per_step)
+    steps_per_generation = int(get("steps_per_generation") or 1)  # TRL folds it into generation_batch_size
+    generation = int(get("generation_batch_size") or per_step * steps_per_generation)
     if generation % k:
         refuse("generation_batch_size", f"{generation} completions are not whole groups of num_generations={k}")
     if generation % per_step:
@@ -57,13 +85,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         return optimizer_steps // updates
     for name, ok, why in [
         ("adam_beta1", get("adam_beta1", 0.9) == 0.9, "only 0.9 here"),
-        ("epsilon_high", get("epsilon_high") in (None, get("epsilon")), "asymmetric clipping is not built here"),
-        ("loss_type", get("loss_type", "dapo") in ("dapo", "bnpo"), "only a token-level mean of the loss (dapo, "
-                                                                    "bnpo) is built here"),
+        ("loss_type", get("loss_type", "dapo") in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
+        ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
+         "token or sequence"),
         ("optim", str(get("optim", "adamw_torch")).startswith("adamw_torch"), "only AdamW (adamw_torch) here"),
         ("lr_scheduler_type", get("lr_scheduler_type", "linear") in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
         ("top_entropy_quantile", get("top_entropy_quantile", 1.0) == 1.0, "not built here"),
-        ("delta", get("delta") is None, "two-sided clipping is not built here"),
         ("generation_kwargs", not get("generation_kwargs"), "set the sampling.* settings instead"),
         ("sync_ref_model", not get("sync_ref_model"), "TR-DPO's reference sync is method.name anchor with "
                                                       "method.preset ref_sync"),
@@ -72,6 +99,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
         ("warmup_ratio", not get("warmup_ratio", 0.0), "give warmup_steps instead"),
+        ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
+        ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") ==
+         "sum_then_normalize", "only the weighted sum of the rewards, then the advantage, here"),
+        ("off_policy_mask_threshold", get("off_policy_mask_threshold") is None, "not built here"),
+        ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
+        ("shuffle_dataset", get("shuffle_dataset", True), "prompts are always drawn in a seeded shuffle here"),
     ]:
         if not ok:
             refuse(name, f"{get(name)!r}: {why}")
@@ -97,9 +130,13 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "lr_scheduler": get("lr_scheduler_type", "linear"),
                  "warmup_steps": iterations("warmup_steps", get("warmup_steps")),
                  "max_grad_norm": get("max_grad_norm") or None,  # 0: no clipping, as in transformers
-                 "weight_decay": float(get("weight_decay", 0.0)),
+                 "weight_decay": float(get("weight_decay", 0.0)), "entropy_coef": float(get("entropy_coef", 0.0)),
                  "adam_beta2": float(get("adam_beta2", 0.999)), "adam_eps": float(get("adam_epsilon", 1e-8)),
-                 "clip_range": float(get("epsilon", 0.2)), "scale_rewards": "group" if scale == "group" else "none",
+                 "ratio": get("importance_sampling_level", "token"), "clip_range": float(get("epsilon", 0.2)),
+                 "clip_range_high": None if get("epsilon_high") is None else float(get("epsilon_high")),
+                 "ratio_max": None if get("delta") is None else float(get("delta")),
+                 "loss_aggregation": LOSS_TYPES[get("loss_type", "dapo")],
+                 "scale_rewards": "group" if scale == "group" else "none",
                  "whiten_advantages": scale == "batch",
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False))},
         "kl": {"coef": beta, "target": None, "estimator": "k3"},
@@ -118,4 +155,24 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         "run_name": get("run_name"),
         "project": None if get("project", DEFAULT_PROJECT) == DEFAULT_PROJECT else get("project"),
     }
+    _refuse_unread(args, read)
     return config_from_dict(data, list(overrides))
+
+
+def _refuse_unread(args: Any, read: set[str]) -> None:
+    """Refuse a ``GRPOConfig`` setting of its own (not transformers' ``TrainingArguments``') that was neither read
+    nor :data:`IGNORED`, unless it is at its default: a newer TRL's setting is never dropped silently."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    if not dataclasses.is_dataclass(args):
+        return
+    inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for f in dataclasses.fields(args):
+        if f.name in read or f.name in IGNORED or f.name in inherited:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if getattr(args, f.name) != default:
+            raise ConfigError(f"GRPOConfig.{f.name}: {getattr(args, f.name)!r}: not known to this version of "
+                              "elastic-reset; leave it at its default")

@@ -37,7 +37,9 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_var",
+    "policy_gradient_loss",
     "ppo_policy_loss",
+    "reduce_loss",
     "rloo_advantages",
     "token_rewards",
     "value_loss",
@@ -317,23 +319,56 @@ def gae(
 
 
 # -------------------------------------------------------------------------------------------------- losses
+def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token",
+                max_len: int | None = None) -> torch.Tensor:
+    """A minibatch's per-token loss ``[B, T]`` as one number (``algo.loss_aggregation``): ``token``, the mean over
+    its real tokens (TRL's ``dapo``/``bnpo``); ``sequence``, each row's mean, then the mean over rows (TRL's
+    ``grpo``); ``constant``, the sum / (B × ``max_len``) (TRL's ``dr_grpo``, ``max_len`` its
+    ``max_completion_length``). A row with no real token counts as a row of zeros."""
+    if how == "token":
+        return masked_mean(per_token, mask)
+    if how == "sequence":
+        return masked_mean(per_token, mask, dim=1).mean()
+    if how == "constant":
+        if not max_len or max_len < 1:
+            raise ValueError(f"max_len: expected a positive number of tokens for the constant, got {max_len}")
+        return masked_sum(per_token, mask) / (per_token.shape[0] * max_len)
+    raise ValueError(f"how: expected token, sequence or constant, got {how!r}")
+
+
+def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, how: str = "token",
+                         max_len: int | None = None) -> torch.Tensor:
+    """The plain policy gradient's loss, −A·log π per token, reduced by :func:`reduce_loss` (REINFORCE)."""
+    _check_same_shape("advantages", advantages, "logp", logp)
+    m = _as_bool(mask)
+    return reduce_loss(-torch.where(m, _float(advantages).detach(), 0.0) * _float(logp), m, how, max_len)
+
+
 def ppo_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_range: float,
+    clip_range_high: float | None = None,
+    level: str = "token",
+    how: str = "token",
+    max_len: int | None = None,
+    ratio_max: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
 
-        ρ = exp(logp − old_logp);   loss = mean_{mask} max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε))
+        ρ = exp(logp − old_logp);   loss = mean_{mask} max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε_high))
 
-    (the max of the negated objectives is the pessimistic min of the objectives). ``logp`` carries the gradient;
-    ``old_logp`` (from the rollout) and ``advantages`` are treated as constants.
+    (the max of the negated objectives is the pessimistic min of the objectives; ε_high = ε unless given: DAPO's
+    clip-higher; ``ratio_max`` δ caps the unclipped ρ too: INTELLECT-2's two-sided clipping). ``level="sequence"``:
+    one ρ per row, exp of its mean token log-ratio (GSPO, TRL's ``importance_sampling_level``), for each of its
+    tokens. ``how``/``max_len``: the reduction (:func:`reduce_loss`; ``token`` is the mean above). ``logp`` carries
+    the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as constants.
 
     Stats (detached 0-dim tensors, so that logging syncs once, where the caller chooses):
     ``clipfrac``: share of real tokens where the clipped term is the one used (strictly larger);
-    ``approx_kl``: mean_{mask} of k3 = (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π_θ) (CleanRL's);
+    ``approx_kl``: mean_{mask} of k3 = (ρ − 1) − log ρ per token, an estimate of KL(π_old ‖ π_θ) (CleanRL's);
     ``ratio_mean``: mean_{mask} ρ.
     """
     _check_same_shape("old_logp", old_logp, "logp", logp)
@@ -343,10 +378,16 @@ def ppo_policy_loss(
     # Sanitise padding before exp: a huge padded log-ratio would give inf, and inf·0 = NaN in the backward pass.
     log_ratio = torch.where(m, _float(logp) - _float(old_logp).detach(), 0.0)
     adv = torch.where(m, _float(advantages).detach(), 0.0)
-    ratio = torch.exp(log_ratio)
-    pg_losses = -adv * ratio
-    pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = masked_mean(torch.maximum(pg_losses, pg_losses_clipped), m)
+    if level == "sequence":
+        ratio = torch.exp(masked_mean(log_ratio, m, dim=1))[:, None].expand_as(log_ratio)
+    elif level == "token":
+        ratio = torch.exp(log_ratio)
+    else:
+        raise ValueError(f"level: expected token or sequence, got {level!r}")
+    high = clip_range if clip_range_high is None else clip_range_high
+    pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
+    pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
+    loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped), m, how, max_len)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((pg_losses_clipped > pg_losses).float(), m),

@@ -1,11 +1,10 @@
 """The training loop: rollout → reward → KL-penalised advantages → policy update, with a drift-control method.
 
 One *iteration* (the ``step`` of ``metrics.jsonl``) samples ``prompts_per_step × samples_per_prompt``
-completions, scores them, and runs ``epochs`` passes of minibatch updates over them (PPO; REINFORCE and RLOO
-make one on-policy pass). Set-up is :class:`RLTrainer`'s constructor; read :meth:`RLTrainer.train_step` top to
-bottom for the whole algorithm. The run directory is :mod:`~elastic_reset.rl.rundir`'s, evaluation
-:mod:`~elastic_reset.rl.evaluation`'s, the algorithm's maths :mod:`~elastic_reset.rl.estimators`' and the
-drift-control method's :mod:`~elastic_reset.rl.methods`'.
+completions, scores them, and runs ``epochs`` passes of minibatch updates over them. Set-up is
+:class:`RLTrainer`'s constructor; read :meth:`RLTrainer.train_step` top to bottom for the whole algorithm. The
+run directory is :mod:`~elastic_reset.rl.rundir`'s, evaluation :mod:`~elastic_reset.rl.evaluation`'s, the
+algorithm's maths :mod:`~elastic_reset.rl.estimators`' and the drift-control method's :mod:`~elastic_reset.rl.methods`'.
 """
 
 from __future__ import annotations
@@ -119,7 +118,8 @@ class RLTrainer:
         self.reference_lm = self._load_reference_lm() if config.kl.reference == "lm" else None
         self._cast_frozen_weights()
         self.trainable_params = [p for _, p in trainable_named_parameters(self.model)]
-        self.estimator = build_estimator(config.algo, self.dp, self.model.config.hidden_size, self.device)
+        self.estimator = build_estimator(config.algo, self.dp, config.sampling.max_new_tokens,
+                                         self.model.config.hidden_size, self.device)
         self.value_head = self.estimator.value_head
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
@@ -330,7 +330,8 @@ class RLTrainer:
         # policy, so the update's own forward (step 5) gives the old log-probs and values, detached: one forward
         # saved, and PPO's ratio is exactly 1 (as in TRL's GRPO with one iteration). Otherwise they come from a
         # teacher-forced forward, except REINFORCE/RLOO in fp32, where the sampler's log-probs equal it (under
-        # bf16 the KV-cache path differs enough to put noise, and a KL at step 0, into the penalty).
+        # bf16 the KV-cache path differs enough to put noise, and a KL at step 0, into the penalty) unless a
+        # ratio needs NLPO's masked distribution, which the sampler does not record.
         n = len(rollout)
         beta = self.kl_ctl.value if self.method.uses_kl else 0.0
         # A KL outside the reward is only logged: its reference forward is skipped between logged iterations.
@@ -341,7 +342,8 @@ class RLTrainer:
         fused = updates and minibatch >= n and self.estimator.epochs == 1
         old_logp = old_values = fused_out = None
         with torch.no_grad():
-            if not fused and (self.value_head is not None or self.autocast_dtype is not None):
+            masked_ratio = rollout.action_mask is not None and c.algo.ratio != "none"
+            if not fused and (self.value_head is not None or self.autocast_dtype is not None or masked_ratio):
                 old = self.policy.score(rollout, hidden=self.value_head is not None)
                 old_logp, old_values = old.logprobs, self.estimator.values(old)
             elif not fused:
