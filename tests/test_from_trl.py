@@ -174,6 +174,12 @@ def test_a_setting_this_version_does_not_know_is_refused_unless_at_its_default()
         config_from_grpo(NewerGRPOConfig(**settings, dynamic_sampling=True))
 
 
+def test_a_schedule_with_its_settings_carries_over():
+    a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, lr_scheduler_type="cosine_with_min_lr",
+                              lr_scheduler_kwargs={"min_lr_rate": 0.1})).algo
+    assert (a.lr_scheduler, a.lr_scheduler_kwargs) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})
+
+
 def test_the_entropy_bonus_carries_over():
     assert config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo \
         .entropy_coef == 0.01

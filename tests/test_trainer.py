@@ -201,6 +201,21 @@ def test_the_lr_follows_transformers_schedule_once_an_iteration(tmp_path):
                   tmp_path / "linear", resume=True)
 
 
+def test_a_schedule_takes_its_own_settings_and_refuses_ones_it_does_not_know(tmp_path):
+    # cosine from 0.01 down to min_lr_rate 0.1 of it over 4 iterations: 0.01 x (0.1 + 0.9 x (1 + cos(pi t / 4)) / 2)
+    config = tiny_config("steps=4", "algo.lr=0.01", "algo.lr_scheduler=cosine_with_min_lr",
+                         "algo.lr_scheduler_kwargs={min_lr_rate: 0.1}")
+    records = RLTrainer(config, tmp_path / "cosine").train()
+    assert [r["lr"] for r in records] == pytest.approx([0.01 * (0.1 + 0.45 * (1 + math.cos(math.pi * t / 4)))
+                                                        for t in range(4)])
+    with pytest.raises(ConfigError, match=r"^algo\.lr_scheduler_kwargs: \{'min_lr': 1\} for warmup_stable_decay: "):
+        RLTrainer(tiny_config("algo.lr_scheduler=warmup_stable_decay", "algo.lr_scheduler_kwargs={min_lr: 1}"),
+                  tmp_path / "wsd")
+    assert not (tmp_path / "wsd" / "config.yaml").exists()  # refused before the run began
+    with pytest.raises(ConfigError, match=r"^algo\.lr_scheduler_kwargs: the constant schedule has no settings"):
+        tiny_config("algo.lr_scheduler_kwargs={min_lr_rate: 0.1}")
+
+
 def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
     # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
     # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.

@@ -41,7 +41,7 @@ from elastic_reset.rl.sections import Section
 Algo = Literal["ppo", "reinforce", "rloo"]
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
 Scheduler = Literal["constant", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant_with_warmup",
-                    "inverse_sqrt"]
+                    "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
 """The transformers schedulers (``get_scheduler``) ``algo.lr_scheduler`` takes."""
 
@@ -190,6 +190,10 @@ class AlgoConfig(Section):
     once an iteration; logged as ``lr``. TRL's ``lr_scheduler_type`` (whose default is ``linear``)."""
     warmup_steps: NonNegativeInt = 0
     """Iterations of linear warmup from 0 before the schedule (TRL's ``warmup_steps``); not with ``constant``."""
+    lr_scheduler_kwargs: dict[str, float | int | str] = field(default_factory=dict)
+    """The schedule's own settings (transformers' ``scheduler_specific_kwargs``, TRL's ``lr_scheduler_kwargs``), e.g.
+    ``{min_lr_rate: 0.1}`` for ``cosine_with_min_lr``, ``{num_decay_steps: 20}`` for ``warmup_stable_decay`` (in
+    iterations)."""
     prompts_per_step: PositiveInt = 8
     """Prompts sampled per training iteration."""
     samples_per_prompt: PositiveInt = 1
@@ -432,6 +436,8 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.epochs == 1 or a.ratio != "none", "algo.epochs",
          f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token or sequence); the plain policy "
          "gradient (ratio: none) is on-policy, one pass")
+    need(a.lr_scheduler != "constant" or not a.lr_scheduler_kwargs, "algo.lr_scheduler_kwargs",
+         f"the constant schedule has no settings, got {_short(a.lr_scheduler_kwargs)}")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",
          f"the constant schedule has no warmup (lr_scheduler: constant_with_warmup has), got {a.warmup_steps}")
     batch = a.prompts_per_step * a.samples_per_prompt

@@ -129,6 +129,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "minibatch_size": per_step, "epochs": epochs, "lr": float(get("learning_rate")),
                  "lr_scheduler": get("lr_scheduler_type", "linear"),
                  "warmup_steps": iterations("warmup_steps", get("warmup_steps")),
+                 "lr_scheduler_kwargs": dict(get("lr_scheduler_kwargs") or {}),
                  "max_grad_norm": get("max_grad_norm") or None,  # 0: no clipping, as in transformers
                  "weight_decay": float(get("weight_decay", 0.0)), "entropy_coef": float(get("entropy_coef", 0.0)),
                  "adam_beta2": float(get("adam_beta2", 0.999)), "adam_eps": float(get("adam_epsilon", 1e-8)),

@@ -124,9 +124,7 @@ class RLTrainer:
         params = self.trainable_params + (list(self.value_head.parameters()) if self.value_head else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
                                            betas=(0.9, config.algo.adam_beta2), weight_decay=config.algo.weight_decay)
-        self.scheduler = None if config.algo.lr_scheduler == "constant" else get_scheduler(
-            config.algo.lr_scheduler, self.optimizer, num_warmup_steps=config.algo.warmup_steps,
-            num_training_steps=config.steps)
+        self.scheduler = None if config.algo.lr_scheduler == "constant" else self._build_scheduler()
         self.kl_ctl = (ops.AdaptiveKLController(config.kl.coef, config.kl.target, config.kl.horizon)
                        if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
         self.method = build_method(config.method)
@@ -298,6 +296,18 @@ class RLTrainer:
                 return self.policy.score(rollout, masked=False).logprobs
         with self.reference.model() as ref:
             return self.policy.score(rollout, ref, masked=False).logprobs
+
+    def _build_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        """transformers' schedule of ``algo.lr_scheduler`` over the run's steps; a setting it does not take (in
+        ``algo.lr_scheduler_kwargs``) is a one-line error naming it."""
+        a = self.config.algo
+        try:
+            return get_scheduler(a.lr_scheduler, self.optimizer, num_warmup_steps=a.warmup_steps,
+                                 num_training_steps=self.config.steps,
+                                 scheduler_specific_kwargs=dict(a.lr_scheduler_kwargs) or None)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"algo.lr_scheduler_kwargs: {dict(a.lr_scheduler_kwargs)!r} for "
+                              f"{a.lr_scheduler}: {first_line(err)}") from None
 
     # ---------------------------------------------------------------------------------------- one iteration
     def train_step(self) -> dict[str, Any]:
