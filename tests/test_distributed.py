@@ -190,6 +190,36 @@ def test_data_parallel_whitening_is_the_whitening_of_the_whole_batch():
     assert torch.equal(DataParallel().whiten(x, mask), ops.whiten(x, mask))
 
 
+class _GatherRank(_ThreadRank):
+    """A thread rank whose ``gather_object`` hands every rank both ranks' objects, as accelerate's does."""
+
+    def gather_object(self, obj):
+        slots, barrier = self.board
+        slots[self.rank] = obj
+        barrier.wait()
+        both = list(slots)
+        barrier.wait()
+        return both
+
+
+def test_the_high_entropy_tokens_are_the_whole_minibatchs_on_two_ranks():
+    entropy = torch.rand(6, 5, generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(5)[None] < torch.tensor([[5], [3], [1], [4], [2], [5]])).float()
+    board, halves = ([None, None], threading.Barrier(2, timeout=30)), [None, None]
+
+    def rank(r: int) -> None:
+        dp = _GatherRank(world_size=2, rank=r)
+        dp.board = board
+        halves[r] = ops.high_entropy_mask(entropy[3 * r:3 * r + 3], mask[3 * r:3 * r + 3], 0.3, dp.cat)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.equal(torch.cat(halves), ops.high_entropy_mask(entropy, mask, 0.3))
+
+
 def test_one_record_from_the_ranks_averages_numbers_and_keeps_events():
     merged = mean_record([{"step": 3, "reward": 1.0, "dropped": 0, "reset": {"index": 1}},
                           {"step": 3, "reward": 0.0, "dropped": 2, "reset": {"index": 1}}])

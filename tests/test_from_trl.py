@@ -62,7 +62,7 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
     ({"loss_type": "cispo"}, r"^GRPOConfig\.loss_type: 'cispo': one of dapo, bnpo, grpo, dr_grpo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
-    ({"top_entropy_quantile": 0.2}, r"^GRPOConfig\.top_entropy_quantile: 0\.2: not built here"),
+    ({"off_policy_mask_threshold": 0.5}, r"^GRPOConfig\.off_policy_mask_threshold: 0\.5: not built here"),
     ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
     ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
     ({"shuffle_dataset": False}, r"^GRPOConfig\.shuffle_dataset: False: prompts are always drawn"),
@@ -105,10 +105,10 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
         (100, 4, 0.04, "elastic_reset")
 
 
-@pytest.mark.parametrize("loss_type, level, delta", [("dapo", "token", None), ("bnpo", "sequence", None),
-                                                     ("grpo", "token", 1.5), ("grpo", "sequence", None),
-                                                     ("dr_grpo", "token", None)])
-def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta):
+@pytest.mark.parametrize("loss_type, level, delta, rho", [
+    ("dapo", "token", None, 1.0), ("bnpo", "sequence", None, 1.0), ("grpo", "token", 1.5, 1.0),
+    ("grpo", "sequence", None, 0.4), ("dr_grpo", "token", None, 1.0), ("dapo", "token", None, 0.2)])
+def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
     # the settings config_from_grpo carries over: the loss and its gradient agree.
     import types
@@ -117,28 +117,33 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     from elastic_reset.rl import ops
 
     args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
-                loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta)
+                loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta,
+                top_entropy_quantile=rho)
     a = config_from_grpo(args).algo
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
     old = -torch.rand(4, 5, generator=g) * 3
     logp = (old + 0.6 * torch.randn(4, 5, generator=g)).requires_grad_(True)  # ratios well outside the clip too
     adv = torch.tensor([1.0, -1.0, -0.5, 2.0])  # row 2: ratios above delta 1.5 with A < 0
+    entropy = torch.rand(4, 5, generator=g) * 2
     gathered = types.SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x,
-                                     reduce=lambda x, reduction: x)
+                                     reduce=lambda x, reduction: x, pad_across_processes=lambda x, **_: x)
     trainer = types.SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *_, **__: (logp, torch.zeros(4, 5), None), args=args,
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level, beta=0.0,
+        _get_per_token_logps_and_entropies=lambda *_, **__: (logp, entropy, None), args=args,
+        top_entropy_quantile=rho, off_policy_mask_threshold=None, importance_sampling_level=level, beta=0.0,
         loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False, model=types.SimpleNamespace(
             training=False), max_completion_length=5, accelerator=gathered, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)))
     inputs = {"prompt_ids": torch.zeros(4, 2, dtype=torch.long), "prompt_mask": torch.ones(4, 2, dtype=torch.long),
               "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask, "advantages": adv,
               "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    trainer.get_high_entropy_mask = lambda *a: trl.GRPOTrainer.get_high_entropy_mask(trainer, *a)
     theirs = trl.GRPOTrainer._compute_loss(trainer, None, inputs)
     (their_grad,) = torch.autograd.grad(theirs, logp)
-    ours, _ = ops.ppo_policy_loss(logp, old, adv[:, None].expand(4, 5), mask, a.clip_range, a.clip_range_high,
-                                  a.ratio, a.loss_aggregation, args.max_completion_length, a.ratio_max)
+    high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
+    ours, _ = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
+                                  a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
+                                  a.ratio_max)
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)

@@ -15,6 +15,7 @@ from elastic_reset.rl.ops import (
     masked_mean,
     masked_sum,
     masked_var,
+    high_entropy_mask,
     policy_gradient_loss,
     ppo_policy_loss,
     reduce_loss,
@@ -369,6 +370,21 @@ def test_loss_reductions_by_hand():
         reduce_loss(x, mask, "constant")
     with pytest.raises(ValueError, match="^how: expected token, sequence or constant"):
         reduce_loss(x, mask, "mean")
+
+
+def test_high_entropy_mask_keeps_the_top_share_of_real_tokens():
+    # real entropies 0.1, 0.5, 0.9 and 0.3 (the padded 5.0 is not one): their median is 0.4, so a share of 0.5 keeps
+    # 0.5 and 0.9; a share of 1 keeps every real token, of 0 only the highest
+    entropy = torch.tensor([[0.1, 0.5, 0.9, 5.0], [0.3, 5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[False, True, True, False], [False] * 4]
+    assert high_entropy_mask(entropy, mask, 1.0).tolist() == mask.bool().tolist()
+    assert high_entropy_mask(entropy, mask, 0.0).tolist() == [[False, False, True, False], [False] * 4]
+    # the quantile is the whole minibatch's: another process's lower entropies let 0.3 in too
+    others = lambda x: torch.cat([x, torch.tensor([0.0, 0.0])])  # noqa: E731  (median 0.2)
+    assert high_entropy_mask(entropy, mask, 0.5, others).tolist() == [[False, True, True, False],
+                                                                     [True, False, False, False]]
+    assert not high_entropy_mask(entropy, torch.zeros_like(mask), 0.5).any()
 
 
 def test_the_plain_policy_gradient_loss_is_minus_the_advantage_weighted_log_prob():

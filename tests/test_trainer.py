@@ -93,6 +93,16 @@ def test_nlpo_with_a_ratio_starts_each_batch_at_ratio_one(tmp_path):
     assert seen[0]["approx_kl"] == pytest.approx(0.0, abs=1e-6) and seen[1]["approx_kl"] > 1e-5
 
 
+def test_top_entropy_quantile_takes_the_gradient_from_the_high_entropy_tokens_only(tmp_path):
+    # the same seed samples the same batch: the logged entropy (over every token) is the same, the policy loss (the
+    # advantages of all but the top 30 % of tokens at 0) not
+    common = ("algo.name=rloo", "algo.samples_per_prompt=2", "algo.minibatch_size=8", "algo.epochs=1")
+    every = RLTrainer(tiny_config(*common), tmp_path / "every").train_step()
+    top = RLTrainer(tiny_config(*common, "algo.top_entropy_quantile=0.3"), tmp_path / "top").train_step()
+    assert top["entropy"] == pytest.approx(every["entropy"]) and top["reward"] == every["reward"]
+    assert top["policy_loss"] != pytest.approx(every["policy_loss"])
+
+
 @pytest.mark.parametrize("ratio", ["token", "sequence"])
 def test_a_ratio_on_a_batch_used_once_gives_the_plain_policy_gradient(tmp_path, ratio):
     # One optimizer step on the whole batch: the ratio is exactly 1 and its gradient is -A·∇log π, REINFORCE's.

@@ -218,6 +218,10 @@ class AlgoConfig(Section):
     """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
     1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends
     δ > 1 + ε_high). None: no cap, PPO's objective."""
+    top_entropy_quantile: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """ρ: the policy gradient (and the entropy bonus) only from the top ρ share of a minibatch's tokens by the
+    policy's entropy, the "forking" tokens; the others' terms are 0 (Wang et al. 2025, "Beyond the 80/20 rule":
+    0.2; TRL's ``top_entropy_quantile``). 1: every token."""
     loss_aggregation: Literal["token", "sequence", "constant"] = "token"
     """How the policy loss of a minibatch's tokens becomes one number. ``token``: the mean over its tokens (TRL's
     ``loss_type`` ``dapo`` and ``bnpo``, as lm-human-preferences): a long response weighs by its length.

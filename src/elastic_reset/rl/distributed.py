@@ -139,6 +139,12 @@ class DataParallel:
 
         return gather_object([obj])
 
+    def cat(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` (of any length) concatenated along dim 0, in rank order, on ``x``'s device."""
+        if not self.enabled:
+            return x
+        return torch.cat([t.to(x.device) for t in self.gather_object(x.cpu())])
+
     def barrier(self) -> None:
         if self.enabled:
             torch.distributed.barrier()

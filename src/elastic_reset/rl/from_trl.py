@@ -90,7 +90,6 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
          "token or sequence"),
         ("optim", str(get("optim", "adamw_torch")).startswith("adamw_torch"), "only AdamW (adamw_torch) here"),
         ("lr_scheduler_type", get("lr_scheduler_type", "linear") in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
-        ("top_entropy_quantile", get("top_entropy_quantile", 1.0) == 1.0, "not built here"),
         ("generation_kwargs", not get("generation_kwargs"), "set the sampling.* settings instead"),
         ("sync_ref_model", not get("sync_ref_model"), "TR-DPO's reference sync is method.name anchor with "
                                                       "method.preset ref_sync"),
@@ -137,6 +136,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "clip_range_high": None if get("epsilon_high") is None else float(get("epsilon_high")),
                  "ratio_max": None if get("delta") is None else float(get("delta")),
                  "loss_aggregation": LOSS_TYPES[get("loss_type", "dapo")],
+                 "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
                  "scale_rewards": "group" if scale == "group" else "none",
                  "whiten_advantages": scale == "batch",
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False))},

@@ -22,7 +22,7 @@ Conventions (shared by every function here):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ __all__ = [
     "FixedKLController",
     "MovingAverageBaseline",
     "gae",
+    "high_entropy_mask",
     "kl_estimate",
     "masked_mean",
     "masked_sum",
@@ -334,6 +335,20 @@ def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token",
             raise ValueError(f"max_len: expected a positive number of tokens for the constant, got {max_len}")
         return masked_sum(per_token, mask) / (per_token.shape[0] * max_len)
     raise ValueError(f"how: expected token, sequence or constant, got {how!r}")
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float,
+                      gather: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+    """``mask`` (bool) kept only at the tokens whose entropy is among the highest ``share`` of the real tokens': at
+    or above the (1 − share) quantile of their entropies (torch's linear interpolation), as TRL's
+    ``top_entropy_quantile`` (Wang et al. 2025, "Beyond the 80/20 rule"). ``gather``: the real tokens' entropies
+    of every process, so that the quantile is the whole minibatch's."""
+    _check_same_shape("mask", mask, "entropy", entropy)
+    m = _as_bool(mask)
+    values = gather(_float(entropy).detach()[m])
+    if values.numel() == 0:
+        return torch.zeros_like(m)
+    return m & (_float(entropy).detach() >= torch.quantile(values, 1.0 - share))
 
 
 def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, how: str = "token",

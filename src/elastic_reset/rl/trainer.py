@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -450,11 +451,15 @@ class RLTrainer:
         """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run."""
         c = self.config.algo
         out = self._policy_forward(rollout) if out is None else out
+        high = None
+        if c.top_entropy_quantile < 1:  # the other tokens' policy terms are 0 (the reduction still counts them)
+            high = ops.high_entropy_mask(out.entropy, mb.mask, c.top_entropy_quantile, self.dp.cat)
+            mb = replace(mb, advantages=torch.where(high, mb.advantages, 0.0))
         loss, stats = self.estimator.loss(out, mb)
         entropy = ops.masked_mean(out.entropy, mb.mask)
         stats["entropy"] = float(entropy.detach())
-        if c.entropy_coef:
-            loss = loss - c.entropy_coef * entropy
+        if c.entropy_coef:  # the bonus over the tokens the policy loss acts on, as TRL's
+            loss = loss - c.entropy_coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
         extra = self.method.extra_loss()
         if extra is not None:
             loss = loss + extra[0]
