@@ -24,11 +24,16 @@ def train(tmp_path, *overrides: str) -> tuple[RLTrainer, dict[int, dict]]:
 
 
 # ----------------------------------------------------------------------------------------------- algorithms
-@pytest.mark.parametrize("algo,lr", [("ppo", 3e-3), ("reinforce", 1e-2), ("rloo", 1e-2)])
-def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo, lr):
+GRPO = ("algo.epochs=2", "algo.loss_aggregation=sequence", "algo.clip_range_high=0.28")
+"""A TRL GRPO user's: num_iterations 2 (the clipped ratio over a reused batch), loss_type grpo, DAPO's clip-higher."""
+
+
+@pytest.mark.parametrize("algo,lr,extra", [("ppo", 3e-3, ()), ("reinforce", 1e-2, ()), ("rloo", 1e-2, ()),
+                                           ("rloo", 3e-3, GRPO)])
+def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo, lr, extra):
     # PPO takes epochs x minibatches optimizer steps per iteration (REINFORCE/RLOO one): at 1e-2 it learned on one
     # seed of two and collapsed to reward 0 on the other; at 3e-3 it reached 1.0 on both.
-    _, ev = train(tmp_path, f"algo.name={algo}", f"algo.lr={lr}")
+    _, ev = train(tmp_path, f"algo.name={algo}", f"algo.lr={lr}", *extra)
     start, end = ev[0]["eval/reward"], ev[30]["eval/reward"]
     assert start < 0.05
     assert end > start + 0.15, f"{algo}: held-out reward {start:.3f} -> {end:.3f} in 30 iterations"

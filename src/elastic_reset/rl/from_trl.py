@@ -12,6 +12,7 @@ this engine cannot honour is refused in one line naming it, never dropped; ``use
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -163,8 +164,6 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
 def _refuse_unread(args: Any, read: set[str]) -> None:
     """Refuse a ``GRPOConfig`` setting of its own (not transformers' ``TrainingArguments``') that was neither read
     nor :data:`IGNORED`, unless it is at its default: a newer TRL's setting is never dropped silently."""
-    import dataclasses
-
     from transformers import TrainingArguments
 
     if not dataclasses.is_dataclass(args):
