@@ -12,6 +12,8 @@ Rules:
 (0) Learning first: REINFORCE's final validation task BLEU must exceed FROZEN ENGLISH's by at least 1.0 BLEU and by
     more than twice the standard error of the difference (√(SE₁² + SE₂²)). FROZEN ENGLISH is the listener adapting
     alone, so this is the speaker's own gain. Otherwise: "no task gain", nothing is compared (the issue's stop rule).
+    With fewer than two seeds of either there is no standard error, and no verdict yet (made explicit 2026-11-27,
+    before any verdict was drawn: a partial grid's report had read one seed's SE as 0).
 (1) Pareto-dominance (:func:`elastic_reset.evaluation.summary.pareto_outcome`, the IMDB verdict's rule): A dominates
     B when A's mean frontier has the higher drift BLEU on at least 90 % of the task-BLEU range both cover, and that
     range reaches at least 90 % of the way up B's own.
@@ -48,13 +50,18 @@ def verdict(results: Path) -> str:
         pre = json.loads(build.read_text())["pretrained"]
         lines.append(f"| PRETRAINED | {pre['val']['task_bleu']:.1f} | {pre['val']['drift_bleu']:.1f} | "
                      f"{pre['test']['task_bleu']:.1f} | {pre['test']['drift_bleu']:.1f} | – |")
-    def pm(entry: dict | None) -> str:
-        return "–" if entry is None else f"{entry['mean']:.1f} ± {entry['se']:.1f}"
+    def pm(entry: dict | None, n: int) -> str:
+        return "–" if entry is None else f"{entry['mean']:.1f}" + (f" ± {entry['se']:.1f}" if n > 1 else "")
 
     for name, entry in methods.items():
-        lines.append(f"| {name} | {pm(entry['final_reward'])} | {pm(entry['final_drift'])} | "
-                     f"{pm(entry.get('test_score'))} | {pm(entry.get('test_drift'))} | {entry['n_seeds']} |")
+        n = entry["n_seeds"]
+        lines.append(f"| {name} | {pm(entry['final_reward'], n)} | {pm(entry['final_drift'], n)} | "
+                     f"{pm(entry.get('test_score'), n)} | {pm(entry.get('test_drift'), n)} | {n} |")
     lines.append("")
+    seeds = min(methods["reinforce"]["n_seeds"], methods["frozen"]["n_seeds"])
+    if seeds < 2:
+        lines.append(f"(0) REINFORCE over FROZEN ENGLISH: {seeds} seed: no standard error, no verdict yet")
+        return "\n".join(lines) + "\n"
     reinforce, frozen = methods["reinforce"]["final_reward"], methods["frozen"]["final_reward"]
     gain = reinforce["mean"] - frozen["mean"]
     noise = 2 * math.hypot(reinforce["se"], frozen["se"])

@@ -1,4 +1,5 @@
-"""The gold-vs-proxy grid's verdicts (issue 37) follow the rules its report script states before the grid runs."""
+"""The gold-vs-proxy grid's verdicts (issue 37) and the Translation Game's (issue 39) follow the rules their scripts
+state before the grids run."""
 
 import importlib.util
 import json
@@ -120,3 +121,21 @@ def test_a_method_with_one_finished_seed_is_not_judged(report):
     for m in ("kl", "kl_small", "elastic_reset"):
         grid["rm"][m] = {**grid["rm"][m], "seeds": [0, 1]}
     assert report.verdict_a(grid)[0] == "holds"
+
+
+# ------------------------------------------------------------------------------------------ Translation Game
+@pytest.mark.parametrize("n, reinforce, se, expected", [
+    (1, 20.0, 0.0, "1 seed: no standard error, no verdict yet"),  # one seed's SE is unknown, not 0
+    (5, 17.9, 0.2, "no task gain: nothing is compared"),          # +0.5 BLEU: under the 1.0 needed
+    (5, 18.6, 0.5, "no task gain: nothing is compared"),          # +1.2 BLEU, under 2 SE of the difference (1.41)
+    (5, 18.6, 0.2, "the speaker learns"),                         # +1.2 BLEU, over 2 SE (0.57)
+])
+def test_the_translation_verdict_needs_a_task_gain_over_seeds_first(tmp_path, n, reinforce, se, expected):
+    spec = importlib.util.spec_from_file_location("translation_verdict", SCRIPT.parent / "translation_verdict.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    methods = {m: {"n_seeds": n, "final_reward": {"mean": value, "se": se}, "final_drift": {"mean": 30.0, "se": se}}
+               for m, value in (("frozen", 17.4), ("reinforce", reinforce))}
+    (tmp_path / "summary.json").write_text(json.dumps({"methods": methods}))
+    rule = next(line for line in module.verdict(tmp_path).splitlines() if line.startswith("(0)"))
+    assert rule.endswith(expected)
