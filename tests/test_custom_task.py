@@ -818,6 +818,20 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
     assert not [n for n in theirs if n not in fields], "README names GRPOConfig fields TRL does not have"
 
 
+def test_the_readme_dapo_recipe_is_a_valid_config():
+    import yaml
+
+    from elastic_reset.rl.config import config_from_dict
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```yaml\n# DAPO", 1)[1].split("```", 1)[0]
+    config = config_from_dict(yaml.safe_load("# DAPO" + block), ["model.name=tiny-llama"])
+    a = config.algo
+    assert (a.ratio, a.clip_range_high, a.loss_aggregation, a.mask_truncated_completions, a.epochs) == \
+        ("token", 0.28, "token", True, 1)
+    assert config.kl.coef == 0.0
+
+
 def test_the_cli_flags_stand_for_the_prompts_task_and_the_model(files, capsys):
     args = ["train", str(TINY), "--out", str(files / "run"), "--prompts", str(files / "prompts.jsonl"),
             "--reward", f"{files / 'rewards.py'}:letter_reward", "--reward", f"{files / 'rewards.py'}:maybe",
