@@ -188,4 +188,3 @@ def test_a_schedule_with_its_settings_carries_over():
 def test_the_entropy_bonus_carries_over():
     assert config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo \
         .entropy_coef == 0.01
-
