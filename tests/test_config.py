@@ -182,6 +182,8 @@ def test_meaningless_setting_is_refused_naming_the_key(override, message):
     (["sampling.min_new_tokens=99"], "sampling.min_new_tokens: expected 0 <= min_new_tokens <= max_new_tokens"),
     (["kl.reference=ema"], "kl.reference: 'ema' needs a method that keeps an EMA"),
     (["algo.ratio=none"], "algo.ratio: ppo's advantages are per token: its ratio is 'token', got 'none'"),
+    (["algo.name=reinforce", "algo.surrogate=cispo"],
+     "algo.surrogate: 'cispo' weighs the policy gradient by the ratio"),
     (["algo.name=reinforce", "algo.epochs=2", "algo.ratio=none"],
      "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token or sequence)"),
 ])

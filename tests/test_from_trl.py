@@ -47,20 +47,21 @@ def test_optimizer_steps_become_iterations_and_overrides_come_last():
 
 
 @pytest.mark.parametrize("loss_type, aggregation", [("dapo", "token"), ("bnpo", "token"), ("grpo", "sequence"),
-                                                     ("dr_grpo", "constant")])
+                                                     ("dr_grpo", "constant"), ("cispo", "token")])
 def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, epsilon=0.2, epsilon_high=0.28,
                                    loss_type=loss_type, importance_sampling_level="sequence", delta=1.5))
     a = config.algo
     assert (a.ratio, a.clip_range, a.clip_range_high, a.ratio_max, a.loss_aggregation) == \
         ("sequence", 0.2, 0.28, 1.5, aggregation)
+    assert a.surrogate == ("cispo" if loss_type == "cispo" else "clip")
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
     assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "token")
 
 
 @pytest.mark.parametrize("settings, pattern", [
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
-    ({"loss_type": "cispo"}, r"^GRPOConfig\.loss_type: 'cispo': one of dapo, bnpo, grpo, dr_grpo here"),
+    ({"loss_type": "sapo"}, r"^GRPOConfig\.loss_type: 'sapo': one of dapo, bnpo, grpo, dr_grpo, cispo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"off_policy_mask_threshold": 0.5}, r"^GRPOConfig\.off_policy_mask_threshold: 0\.5: not built here"),
     ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
@@ -107,7 +108,8 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("loss_type, level, delta, rho", [
     ("dapo", "token", None, 1.0), ("bnpo", "sequence", None, 1.0), ("grpo", "token", 1.5, 1.0),
-    ("grpo", "sequence", None, 0.4), ("dr_grpo", "token", None, 1.0), ("dapo", "token", None, 0.2)])
+    ("grpo", "sequence", None, 0.4), ("dr_grpo", "token", None, 1.0), ("dapo", "token", None, 0.2),
+    ("cispo", "token", None, 1.0), ("cispo", "sequence", None, 0.4)])
 def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
     # the settings config_from_grpo carries over: the loss and its gradient agree.
@@ -143,7 +145,7 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
     ours, _ = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
                                   a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
-                                  a.ratio_max)
+                                  a.ratio_max, a.surrogate)
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)

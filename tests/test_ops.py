@@ -337,6 +337,18 @@ def test_ratio_max_caps_the_unclipped_ratio_of_a_negative_advantage():
     assert close(logp.grad, [[0.0, 0.0]])
 
 
+def test_cispo_weighs_the_plain_gradient_by_the_capped_ratio_without_cutting_any_token():
+    # cap 2: token 0 (A = 1, ratio 3) weighs 2, token 1 (A = -1, ratio 0.5) weighs 0.5; loss -(2·logp0 - 0.5·logp1)/2
+    # and d/dlogp = -A·min(ρ, 2)/2: -1 and +0.25. PPO's clip would give token 0 no gradient at all.
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[math.log(3.0), math.log(0.5)]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, stats = ppo_policy_loss(logp, old, adv, torch.ones(1, 2), 0.2, clip_range_high=2.0, surrogate="cispo")
+    assert close(loss, -(2.0 * math.log(3.0) - 0.5 * math.log(0.5)) / 2) and close(stats["clipfrac"], 0.5)
+    loss.backward()
+    assert close(logp.grad, [[-1.0, 0.25]])
+
+
 def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
     # GSPO: row 0's token log-ratios 0.1 and -0.1 give one ratio exp(0) = 1 for both tokens, so with A = 1 each of
     # its tokens' losses is -1, and each log-prob moves both: gradient 2 x -A·ρ/2 / 3 tokens = -1/3 (per token it

@@ -68,17 +68,21 @@ def test_single_pass_ppo_equals_ppo_with_a_separate_old_forward(tmp_path):
         torch.testing.assert_close(value, first[name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("ratio", ["token", "sequence"])
-def test_rloo_with_a_ratio_reuses_its_batch_for_every_epoch(tmp_path, ratio):
+@pytest.mark.parametrize("ratio,surrogate", [("token", "clip"), ("sequence", "clip"), ("token", "cispo")])
+def test_rloo_with_a_ratio_reuses_its_batch_for_every_epoch(tmp_path, ratio, surrogate):
     # TRL's num_iterations: 2 epochs x 2 minibatches = 4 optimizer steps an iteration, the later ones off-policy
+    tight = "algo.clip_range_high=1.0001" if surrogate == "cispo" else "algo.clip_range=0.0001"
     trainer = RLTrainer(tiny_config("algo.name=rloo", "algo.samples_per_prompt=2", "algo.epochs=2",
-                                    f"algo.ratio={ratio}", "algo.minibatch_size=4"), tmp_path)
+                                    f"algo.ratio={ratio}", "algo.minibatch_size=4", f"algo.surrogate={surrogate}",
+                                    tight), tmp_path)
     steps = []
     original = trainer.optimizer.step
     trainer.optimizer.step = lambda *a, **k: (steps.append(1), original(*a, **k))[1]
     record = trainer.train_step()
     assert len(steps) == 4
     assert record["ratio_mean"] != 1.0 and record["approx_kl"] > 0  # the second epoch saw a moved policy
+    # the later steps' ratios outside 1 ± 1e-4 (clip) or above 1.0001 (CISPO's cap, TRL's epsilon_high) are clipped
+    assert record["clipfrac"] > 0
 
 
 def test_nlpo_with_a_ratio_starts_each_batch_at_ratio_one(tmp_path):

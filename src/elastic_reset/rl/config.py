@@ -214,6 +214,10 @@ class AlgoConfig(Section):
     """The ratio clip ε: the ratio is clipped to [1 − ε, 1 + ε_high] (TRL's ``epsilon``)."""
     clip_range_high: PositiveFloat | None = None
     """ε_high, the upper clip (DAPO's clip-higher: 0.28; TRL's ``epsilon_high``). None: ``clip_range``."""
+    surrogate: Literal["clip", "cispo"] = "clip"
+    """With a ratio: ``clip``, PPO's clipped objective; ``cispo``, MiniMax-M1's CISPO (TRL's ``loss_type: cispo``),
+    REINFORCE's −A·log π weighed by the ratio capped at ``clip_range_high`` and without gradient, so that no token's
+    gradient is cut off (ScaleRL recommends a cap of 5)."""
     ratio_max: Annotated[float, Field(gt=1)] | None = None
     """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
     1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends
@@ -440,6 +444,9 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.epochs == 1 or a.ratio != "none", "algo.epochs",
          f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token or sequence); the plain policy "
          "gradient (ratio: none) is on-policy, one pass")
+    need(a.surrogate == "clip" or (a.ratio != "none" and a.name != "ppo"), "algo.surrogate",
+         f"'cispo' weighs the policy gradient by the ratio: algo.ratio token or sequence, and not ppo (got ratio "
+         f"{a.ratio!r}, algo {a.name!r})")
     need(a.lr_scheduler != "constant" or not a.lr_scheduler_kwargs, "algo.lr_scheduler_kwargs",
          f"the constant schedule has no settings, got {_short(a.lr_scheduler_kwargs)}")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",

@@ -21,8 +21,9 @@ from elastic_reset.errors import ConfigError
 from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
-LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant"}
-"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (all with the clipped ratio)."""
+LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token"}
+"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (``cispo`` with ``algo.surrogate: cispo``,
+the others with the clipped ratio)."""
 IGNORED = frozenset({
     # how TRL generates, batches, loads or logs: not about the method
     "model_init_kwargs", "trust_remote_code", "cast_lm_head_to_fp32", "ds3_gather_for_generation",
@@ -138,6 +139,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "ratio_max": None if get("delta") is None else float(get("delta")),
                  "loss_aggregation": LOSS_TYPES[get("loss_type", "dapo")],
                  "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
+                 "surrogate": "cispo" if get("loss_type", "dapo") == "cispo" else "clip",
                  "scale_rewards": "group" if scale == "group" else "none",
                  "whiten_advantages": scale == "batch",
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False))},

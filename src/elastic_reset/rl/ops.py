@@ -370,6 +370,7 @@ def ppo_policy_loss(
     how: str = "token",
     max_len: int | None = None,
     ratio_max: float | None = None,
+    surrogate: str = "clip",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
 
@@ -380,6 +381,8 @@ def ppo_policy_loss(
     one ρ per row, exp of its mean token log-ratio (GSPO, TRL's ``importance_sampling_level``), for each of its
     tokens. ``how``/``max_len``: the reduction (:func:`reduce_loss`; ``token`` is the mean above). ``logp`` carries
     the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as constants.
+    ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's gradient kept
+    (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
 
     Stats (detached 0-dim tensors, so that logging syncs once, where the caller chooses):
     ``clipfrac``: share of real tokens where the clipped term is the one used (strictly larger);
@@ -400,12 +403,18 @@ def ppo_policy_loss(
     else:
         raise ValueError(f"level: expected token or sequence, got {level!r}")
     high = clip_range if clip_range_high is None else clip_range_high
-    pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
-    pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
-    loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped), m, how, max_len)
+    if surrogate == "cispo":  # the ratio, capped and without gradient, weighs REINFORCE's term: no token is cut off
+        capped = ratio.clamp(max=high).detach()
+        loss = reduce_loss(-adv * capped * torch.where(m, _float(logp), 0.0), m, how, max_len)
+        clipped = ratio > high
+    else:
+        pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
+        pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
+        loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped), m, how, max_len)
+        clipped = pg_losses_clipped > pg_losses
     with torch.no_grad():
         stats = {
-            "clipfrac": masked_mean((pg_losses_clipped > pg_losses).float(), m),
+            "clipfrac": masked_mean(clipped.float(), m),
             "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, m),
             "ratio_mean": masked_mean(ratio, m),
         }
