@@ -72,6 +72,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         refuse("steps_per_generation", f"a generation batch of {generation} completions is not a whole number of "
                                        f"optimizer steps of {per_step}")
     epochs = int(get("num_iterations", 1))
+    loss_type = get("loss_type", "dapo")
     updates = epochs * generation // per_step  # optimizer steps an iteration
     max_steps = int(get("max_steps", -1))
     if max_steps <= 0:
@@ -87,7 +88,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         return optimizer_steps // updates
     for name, ok, why in [
         ("adam_beta1", get("adam_beta1", 0.9) == 0.9, "only 0.9 here"),
-        ("loss_type", get("loss_type", "dapo") in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
+        ("loss_type", loss_type in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
         ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
          "token or sequence"),
         ("optim", str(get("optim", "adamw_torch")).startswith("adamw_torch"), "only AdamW (adamw_torch) here"),
@@ -137,9 +138,9 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "ratio": get("importance_sampling_level", "token"), "clip_range": float(get("epsilon", 0.2)),
                  "clip_range_high": None if get("epsilon_high") is None else float(get("epsilon_high")),
                  "ratio_max": None if get("delta") is None else float(get("delta")),
-                 "loss_aggregation": LOSS_TYPES[get("loss_type", "dapo")],
+                 "loss_aggregation": LOSS_TYPES[loss_type],
                  "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
-                 "surrogate": "cispo" if get("loss_type", "dapo") == "cispo" else "clip",
+                 "surrogate": "cispo" if loss_type == "cispo" else "clip",
                  "scale_rewards": "group" if scale == "group" else "none",
                  "whiten_advantages": scale == "batch",
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False))},
@@ -166,10 +167,10 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
 def _refuse_unread(args: Any, read: set[str]) -> None:
     """Refuse a ``GRPOConfig`` setting of its own (not transformers' ``TrainingArguments``') that was neither read
     nor :data:`IGNORED`, unless it is at its default: a newer TRL's setting is never dropped silently."""
-    from transformers import TrainingArguments
-
     if not dataclasses.is_dataclass(args):
         return
+    from transformers import TrainingArguments
+
     inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
     for f in dataclasses.fields(args):
         if f.name in read or f.name in IGNORED or f.name in inherited:

@@ -403,9 +403,8 @@ def ppo_policy_loss(
     else:
         raise ValueError(f"level: expected token or sequence, got {level!r}")
     high = clip_range if clip_range_high is None else clip_range_high
-    if surrogate == "cispo":  # the ratio, capped and without gradient, weighs REINFORCE's term: no token is cut off
-        capped = ratio.clamp(max=high).detach()
-        loss = reduce_loss(-adv * capped * torch.where(m, _float(logp), 0.0), m, how, max_len)
+    if surrogate == "cispo":  # the capped ratio weighs REINFORCE's term as a constant (an advantage): none cut off
+        loss = policy_gradient_loss(logp, adv * ratio.clamp(max=high), m, how, max_len)
         clipped = ratio > high
     else:
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
