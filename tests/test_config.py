@@ -185,7 +185,7 @@ def test_meaningless_setting_is_refused_naming_the_key(override, message):
     (["algo.name=reinforce", "algo.surrogate=cispo"],
      "algo.surrogate: 'cispo' weighs the policy gradient by the ratio"),
     (["algo.name=reinforce", "algo.epochs=2", "algo.ratio=none"],
-     "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token or sequence)"),
+     "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token, sequence or sequence_sum)"),
 ])
 def test_cross_field_rule_is_refused_naming_the_key(overrides, message):
     assert refused(*overrides).startswith(message)

@@ -1,4 +1,4 @@
-"""A TRL GRPOConfig carried over as this engine's config (rl/from_trl.py)."""
+"""A TRL GRPOConfig or RLOOConfig carried over as this engine's config (rl/from_trl.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.rl.from_trl import config_from_grpo
+from elastic_reset.rl.from_trl import config_from_grpo, config_from_rloo
 
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")  # TRL's own default
@@ -97,13 +97,14 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     from helpers import ROOT
 
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("```python\nfrom trl import GRPOConfig\n", 1)[1].split("```", 1)[0]
+    block = readme.split("```python\nfrom trl import GRPOConfig", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)  # GRPOConfig's output_dir
     scope: dict = {}
-    exec("from trl import GRPOConfig\n" + block, scope)
-    config = scope["config"]
+    exec("from trl import GRPOConfig" + block, scope)
+    config, rloo = scope["config"], scope["rloo"]
     assert (config.steps, config.algo.samples_per_prompt, config.kl.coef, config.method.name) == \
         (100, 4, 0.04, "elastic_reset")
+    assert (rloo.steps, rloo.algo.ratio, rloo.kl.coef, rloo.kl.estimator) == (100, "sequence_sum", 0.05, "k1")
 
 
 @pytest.mark.parametrize("loss_type, level, delta, rho", [
@@ -160,7 +161,7 @@ def test_every_grpo_setting_of_this_trl_is_read_or_known_to_make_no_difference(m
     from elastic_reset.rl import from_trl
 
     seen = {}
-    monkeypatch.setattr(from_trl, "_refuse_unread", lambda args, read: seen.update(read=read))
+    monkeypatch.setattr(from_trl, "_refuse_unread", lambda get: seen.update(read=get.read))
     config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8))
     inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     own = {f.name for f in dataclasses.fields(trl.GRPOConfig)} - inherited
@@ -190,3 +191,98 @@ def test_a_schedule_with_its_settings_carries_over():
 def test_the_entropy_bonus_carries_over():
     assert config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo \
         .entropy_coef == 0.01
+
+
+def rloo(**settings):
+    settings = {"output_dir": "out/my-policy", "bf16": False, "report_to": "none", "max_steps": 20, **settings}
+    return trl.RLOOConfig(**settings)
+
+
+def test_the_settings_an_rloo_user_has_carry_over():
+    config = config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8, num_iterations=2, beta=0.03,
+                                   normalize_advantages=True, reward_clip_range=(-1.0, 2.0), epsilon_high=0.28,
+                                   learning_rate=1e-5, max_completion_length=32, save_steps=10))
+    a = config.algo
+    assert (a.name, a.samples_per_prompt, a.prompts_per_step, a.minibatch_size, a.epochs) == ("rloo", 4, 2, 8, 2)
+    assert (a.ratio, a.loss_aggregation, a.clip_range, a.clip_range_high) == ("sequence_sum", "sequence", 0.2, 0.28)
+    assert (a.whiten_advantages, a.scale_rewards, a.reward_clip_range) == (True, "none", [-1.0, 2.0])
+    assert (config.kl.coef, config.kl.estimator, config.method.name) == (0.03, "k1", "kl")
+    assert (config.steps, config.checkpoint_every, config.sampling.max_new_tokens) == (10, 5, 32)
+    a = config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
+    assert (a.whiten_advantages, a.reward_clip_range, a.epochs) == (False, None, 1)
+    assert config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8)).kl.coef == 0.05
+
+
+@pytest.mark.parametrize("settings, pattern", [
+    ({"max_steps": -1}, r"^RLOOConfig\.max_steps: set the number of optimizer steps"),
+    ({"reward_weights": [1.0, 2.0]}, r"^RLOOConfig\.reward_weights: .*give it to the prompts task"),
+    ({"reward_clip_range": (1.0, -1.0)}, r"^algo\.reward_clip_range: expected \[low, high\] with low < high"),
+])
+def test_what_an_rloo_config_cannot_have_here_is_refused_naming_it(settings, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8, **settings))
+
+
+def test_every_rloo_setting_of_this_trl_is_read_or_known_to_make_no_difference(monkeypatch):
+    import dataclasses
+
+    import transformers
+
+    from elastic_reset.rl import from_trl
+
+    seen = {}
+    monkeypatch.setattr(from_trl, "_refuse_unread", lambda get: seen.update(read=get.read))
+    config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8))
+    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    own = {f.name for f in dataclasses.fields(trl.RLOOConfig)} - inherited
+    assert not own - seen["read"] - from_trl.IGNORED
+
+
+@pytest.mark.parametrize("noise, epsilon_high", [(0.05, None), (0.3, None), (0.3, 0.28)])
+def test_our_policy_loss_is_the_one_rloo_trainer_computes(noise, epsilon_high):
+    # TRL's RLOOTrainer._compute_loss on a stand-in trainer: one clipped ratio of whole sequences per completion
+    import types
+    from collections import defaultdict
+
+    from elastic_reset.rl import ops
+
+    a = config_from_rloo(rloo(num_generations=2, per_device_train_batch_size=4, num_iterations=2,
+                              epsilon_high=epsilon_high)).algo
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    old = -torch.rand(4, 5, generator=g) * 3
+    logp = (old + noise * torch.randn(4, 5, generator=g)).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])  # row 2: ratio 1.14 at noise 0.05, 2.2 at 0.3
+    same = types.SimpleNamespace(gather=lambda x: x, reduce=lambda x, reduction: x)
+    trainer = types.SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *_, **__: (logp, torch.zeros(4, 5), None), accelerator=same,
+        epsilon_low=a.clip_range, epsilon_high=a.clip_range_high or a.clip_range, aux_loss_enabled=False,
+        model=types.SimpleNamespace(training=False), _metrics=defaultdict(lambda: defaultdict(list)))
+    inputs = {"prompt_ids": torch.zeros(4, 2, dtype=torch.long), "prompt_mask": torch.ones(4, 2, dtype=torch.long),
+              "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+              "old_logps": (old * mask).sum(1)}
+    theirs = trl.RLOOTrainer._compute_loss(trainer, None, inputs)
+    (their_grad,) = torch.autograd.grad(theirs, logp)
+    ours, stats = ops.ppo_policy_loss(logp, old, adv[:, None].expand(4, 5), mask, a.clip_range, a.clip_range_high,
+                                      a.ratio, a.loss_aggregation)
+    (our_grad,) = torch.autograd.grad(ours, logp)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(our_grad, their_grad)
+    assert (float(stats["clipfrac"]) > 0) == (noise > 0.1)  # the clip is reached, or not, as intended
+
+
+def test_an_rloo_config_trains_here_its_reward_clipped_for_the_advantage_only(tmp_path):
+    from elastic_reset.rl.trainer import RLTrainer
+    from elastic_reset.tasks import get_task
+
+    def length(prompts, completions, **kwargs):  # >= 1 and varying: every one clipped to 0 below
+        return [1.0 + len(c) for c in completions]
+
+    args = rloo(num_generations=2, per_device_train_batch_size=4, max_steps=2, max_completion_length=6,
+                learning_rate=1e-3, beta=0.0, reward_clip_range=(-1.0, 0.0), normalize_advantages=True)
+    config = config_from_rloo(args, ["model.name=tiny-llama", "task.name=prompts", "progress=false"])
+    task = get_task("prompts", dataset=[{"prompt": f"Prompt {i}:"} for i in range(8)], reward=[length])
+    train = [r for r in RLTrainer(config, tmp_path / "run", task=task).train() if "reward" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["reward"] >= 1.0 and r["reward_std"] > 0 for r in train)  # logged as the task gave it
+    assert all(r["grad_norm"] == 0.0 for r in train)  # one clipped reward for all: no advantage, no gradient

@@ -26,10 +26,12 @@ def train(tmp_path, *overrides: str) -> tuple[RLTrainer, dict[int, dict]]:
 # ----------------------------------------------------------------------------------------------- algorithms
 GRPO = ("algo.epochs=2", "algo.loss_aggregation=sequence", "algo.clip_range_high=0.28")
 """A TRL GRPO user's: num_iterations 2 (the clipped ratio over a reused batch), loss_type grpo, DAPO's clip-higher."""
+TRL_RLOO = ("algo.ratio=sequence_sum", "algo.loss_aggregation=sequence")
+"""A TRL RLOOTrainer user's loss (config_from_rloo): the whole completion's ratio, one loss per completion."""
 
 
 @pytest.mark.parametrize("algo,lr,extra", [("ppo", 3e-3, ()), ("reinforce", 1e-2, ()), ("rloo", 1e-2, ()),
-                                           ("rloo", 3e-3, GRPO)])
+                                           ("rloo", 3e-3, GRPO), ("rloo", 1e-2, TRL_RLOO)])
 def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo, lr, extra):
     # PPO takes epochs x minibatches optimizer steps per iteration (REINFORCE/RLOO one): at 1e-2 it learned on one
     # seed of two and collapsed to reward 0 on the other; at 3e-3 it reached 1.0 on both.

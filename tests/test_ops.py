@@ -364,7 +364,7 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
     assert close(logp.grad, [[-1 / 3, -1 / 3], [0.0, 0.0]])
     tokens, _ = ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2)
     assert close(tokens, (-math.exp(0.1) - math.exp(-0.1) - 1.2) / 3)
-    with pytest.raises(ValueError, match="^level: expected token or sequence"):
+    with pytest.raises(ValueError, match="^level: expected token, sequence or sequence_sum"):
         ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2, level="seq")
 
 

@@ -203,12 +203,13 @@ class AlgoConfig(Section):
     (``ratio``). None: 4 for ``ppo``, 1 for ``reinforce`` and ``rloo``."""
     minibatch_size: PositiveInt = 8
     """Completions per optimizer step."""
-    ratio: Literal["none", "token", "sequence"] | None = None
+    ratio: Literal["none", "token", "sequence", "sequence_sum"] | None = None
     """The policy loss. ``none``: the plain policy gradient −A·log π (REINFORCE's; a minibatch after the first
     optimizer step of a batch is then a little off-policy, uncorrected). ``token``: PPO's clipped ratio π/π_old per
     token, π_old the policy that sampled the batch (TRL GRPO's ``importance_sampling_level: token``); the same
     gradient as ``none`` when a batch is one optimizer step. ``sequence``: GSPO's ratio, exp of the sequence's mean
-    token log-ratio, clipped (TRL's ``sequence``). None: ``token`` for ``ppo`` (its only one) and for a batch
+    token log-ratio, clipped (TRL's ``sequence``). ``sequence_sum``: the whole sequence's probability ratio
+    π(y|x)/π_old(y|x), clipped (TRL's ``RLOOTrainer``). None: ``token`` for ``ppo`` (its only one) and for a batch
     used more than once (``epochs`` > 1), ``none`` otherwise."""
     clip_range: PositiveFloat = 0.2
     """The ratio clip ε: the ratio is clipped to [1 − ε, 1 + ε_high] (TRL's ``epsilon``)."""
@@ -244,6 +245,10 @@ class AlgoConfig(Section):
     the reward at the last of 24 tokens, the early tokens' advantages are mostly the untrained head's guesses (PPO
     then barely learns in a short run: see BENCHMARKS.md). Lower it only for runs long enough for the value head to
     learn (RL4LMs' IMDB runs: 0.95 over 50 iterations of 1,280 samples)."""
+    reward_clip_range: list[float] | None = None
+    """[low, high]: the reward (the weighted sum of the task's rewards) clipped to it before the KL penalty and the
+    advantages; the logged ``reward`` is the unclipped one (TRL's ``RLOOConfig.reward_clip_range``). None: no
+    clipping."""
     whiten_advantages: bool = True
     """Normalise advantages over the batch (mask-aware)."""
     scale_rewards: Literal["none", "group"] = "none"
@@ -442,11 +447,14 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.name != "ppo" or a.ratio == "token", "algo.ratio",
          f"ppo's advantages are per token: its ratio is 'token', got {a.ratio!r}")
     need(a.epochs == 1 or a.ratio != "none", "algo.epochs",
-         f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token or sequence); the plain policy "
-         "gradient (ratio: none) is on-policy, one pass")
+         f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token, sequence or sequence_sum); "
+         "the plain policy gradient (ratio: none) is on-policy, one pass")
     need(a.surrogate == "clip" or (a.ratio != "none" and a.name != "ppo"), "algo.surrogate",
-         f"'cispo' weighs the policy gradient by the ratio: algo.ratio token or sequence, and not ppo (got ratio "
+         f"'cispo' weighs the policy gradient by the ratio: algo.ratio not none, and not ppo (got ratio "
          f"{a.ratio!r}, algo {a.name!r})")
+    clip = a.reward_clip_range
+    need(clip is None or (len(clip) == 2 and clip[0] < clip[1]), "algo.reward_clip_range",
+         f"expected [low, high] with low < high, got {clip}")
     need(a.lr_scheduler != "constant" or not a.lr_scheduler_kwargs, "algo.lr_scheduler_kwargs",
          f"the constant schedule has no settings, got {_short(a.lr_scheduler_kwargs)}")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",

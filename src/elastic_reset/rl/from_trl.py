@@ -1,14 +1,14 @@
-"""A TRL ``GRPOConfig`` as this engine's :class:`~elastic_reset.rl.config.TrainConfig`: the settings a GRPO user
-already has, carried over as README's "Coming from TRL's ``GRPOConfig``" table maps them.
+"""A TRL ``GRPOConfig`` or ``RLOOConfig`` as this engine's :class:`~elastic_reset.rl.config.TrainConfig`: the
+settings a TRL user already has, carried over as README's "Coming from TRL" table maps them.
 
-What GRPO counts in optimizer steps (``max_steps``, ``save_steps``, ``eval_steps``, ``warmup_steps``) becomes
+What TRL counts in optimizer steps (``max_steps``, ``save_steps``, ``eval_steps``, ``warmup_steps``) becomes
 iterations here (one generation batch each, ``num_iterations`` × its optimizer steps); the batch sizes become
 ``prompts_per_step`` × ``samples_per_prompt`` and ``minibatch_size`` (completions per optimizer step). The
-algorithm is ``rloo`` with GRPO's ``scale_rewards`` and its clipped ratio (``algo.ratio``, ``clip_range``,
-``clip_range_high``, ``loss_aggregation``); β goes into the reward (papers' eq. 1), not the loss. A setting
-this engine cannot honour is refused in one line naming it, never dropped; ``use_vllm`` and the other settings of
-*how* TRL generates or stores are not about the method and are ignored. ``trl`` itself is not imported.
-"""
+algorithm is ``rloo``: with GRPO's ``scale_rewards`` and its clipped ratio (``algo.ratio``, ``clip_range``,
+``clip_range_high``, ``loss_aggregation``) for a ``GRPOConfig``, β then going into the reward (papers' eq. 1),
+not the loss; as ``RLOOTrainer`` has it for an ``RLOOConfig``. A setting this engine cannot honour is refused in
+one line naming it, never dropped; ``use_vllm`` and the other settings of *how* TRL generates or stores are not
+about the method and are ignored. ``trl`` itself is not imported."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict
+
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
 LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token"}
@@ -43,54 +44,103 @@ IGNORED = frozenset({
     "vespo_lambda_neg", "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max",
     "entropy_coef_delta", "entropy_target",
 })
-"""``GRPOConfig``'s own settings that make no difference here. Any other one that :func:`config_from_grpo` does not
-read (one a newer TRL added) is refused unless it is at its default."""
+"""``GRPOConfig``'s and ``RLOOConfig``'s own settings that make no difference here. Any other one that is not read
+(one a newer TRL added) is refused unless it is at its default."""
+
+
+class _Reader:
+    """A TRL config's settings, read by name (transformers' enums as their values), each read remembered so that
+    :func:`_refuse_unread` can find the rest; a refusal names the config's class and the setting."""
+
+    def __init__(self, args: Any, kind: str):
+        self.args, self.kind, self.read = args, kind, set()
+
+    def __call__(self, name: str, default: Any = None) -> Any:
+        self.read.add(name)
+        value = getattr(self.args, name, default)
+        return getattr(value, "value", value)  # transformers' enums (SchedulerType, IntervalStrategy)
+
+    def refuse(self, name: str, why: str) -> None:
+        raise ConfigError(f"{self.kind}.{name}: {why}")
+
+    def check(self, rules: list[tuple[str, bool, str]]) -> None:
+        for name, ok, why in rules:
+            if not ok:
+                self.refuse(name, f"{self(name)!r}: {why}")
 
 
 def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.GRPOConfig``) says, then ``overrides`` (``--set``
     items: the model, the task, the drift-control method, ...). ``args.max_steps`` must be set: GRPO's epochs over
     a dataset have no counterpart here."""
-    read: set[str] = set()
+    get = _Reader(args, "GRPOConfig")
+    loss_type = get("loss_type", "dapo")
+    get.check([
+        ("loss_type", loss_type in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
+        ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
+         "token or sequence"),
+        ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
+        ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") ==
+         "sum_then_normalize", "only the weighted sum of the rewards, then the advantage, here"),
+        ("off_policy_mask_threshold", get("off_policy_mask_threshold") is None, "not built here"),
+        ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
+    ])
+    scale = get("scale_rewards", "group")
+    scale = {True: "group", False: "none"}.get(scale, scale)
+    if scale not in ("group", "batch", "none"):
+        get.refuse("scale_rewards", f"{scale!r}: expected group, batch or none")
+    algo = {"ratio": get("importance_sampling_level", "token"),
+            "ratio_max": None if get("delta") is None else float(get("delta")),
+            "loss_aggregation": LOSS_TYPES[loss_type], "surrogate": "cispo" if loss_type == "cispo" else "clip",
+            "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
+            "entropy_coef": float(get("entropy_coef", 0.0)),
+            "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
+    return _carried_over(get, overrides, algo, beta=float(get("beta", 0.0)), estimator="k3")
 
-    def get(name: str, default: Any = None) -> Any:
-        read.add(name)
-        value = getattr(args, name, default)
-        return getattr(value, "value", value)  # transformers' enums (SchedulerType, IntervalStrategy)
 
-    def refuse(name: str, why: str) -> None:
-        raise ConfigError(f"GRPOConfig.{name}: {why}")
+def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
+    """The :class:`TrainConfig` that trains as ``args`` (a ``trl.RLOOConfig``) says, then ``overrides``, as
+    :func:`config_from_grpo`. ``RLOOTrainer``'s method is this engine's ``rloo`` as the papers have it: β·Σ log
+    π/π_ref in the reward (``kl.estimator: k1``), the leave-one-out baseline, the whole sequence's probability ratio
+    clipped (``algo.ratio: sequence_sum``), one loss per completion averaged (``loss_aggregation: sequence``)."""
+    get = _Reader(args, "RLOOConfig")
+    clip = get("reward_clip_range")
+    algo = {"ratio": "sequence_sum", "loss_aggregation": "sequence", "scale_rewards": "none",
+            "whiten_advantages": bool(get("normalize_advantages", False)),
+            "reward_clip_range": None if clip is None else [float(v) for v in clip]}
+    return _carried_over(get, overrides, algo, beta=float(get("beta", 0.05)), estimator="k1")
 
+
+def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta: float,
+                  estimator: str) -> TrainConfig:
+    """What ``GRPOConfig`` and ``RLOOConfig`` share (batches, schedule, sampling, saving, logging), with ``algo``
+    (the trainer's own loss settings) on top, as a :class:`TrainConfig`."""
     k = int(get("num_generations"))
     per_step = int(get("per_device_train_batch_size")) * int(get("gradient_accumulation_steps", 1)) \
         * int(get("world_size", 1))
     steps_per_generation = int(get("steps_per_generation") or 1)  # TRL folds it into generation_batch_size
     generation = int(get("generation_batch_size") or per_step * steps_per_generation)
     if generation % k:
-        refuse("generation_batch_size", f"{generation} completions are not whole groups of num_generations={k}")
+        get.refuse("generation_batch_size", f"{generation} completions are not whole groups of num_generations={k}")
     if generation % per_step:
-        refuse("steps_per_generation", f"a generation batch of {generation} completions is not a whole number of "
-                                       f"optimizer steps of {per_step}")
+        get.refuse("steps_per_generation", f"a generation batch of {generation} completions is not a whole number "
+                                           f"of optimizer steps of {per_step}")
     epochs = int(get("num_iterations", 1))
-    loss_type = get("loss_type", "dapo")
     updates = epochs * generation // per_step  # optimizer steps an iteration
     max_steps = int(get("max_steps", -1))
     if max_steps <= 0:
-        refuse("max_steps", "set the number of optimizer steps; epochs over a dataset (num_train_epochs) have no "
-                            "counterpart here, where a run is a number of iterations")
+        get.refuse("max_steps", "set the number of optimizer steps; epochs over a dataset (num_train_epochs) have no "
+                                "counterpart here, where a run is a number of iterations")
 
     def iterations(name: str, value: float | None) -> int:
         """Optimizer steps (transformers: a value under 1 is that fraction of max_steps, rounded up) as
         iterations."""
         optimizer_steps = math.ceil(value * max_steps) if value is not None and 0 < value < 1 else int(value or 0)
         if optimizer_steps % updates:
-            refuse(name, f"{optimizer_steps} optimizer steps are not whole iterations of {updates}")
+            get.refuse(name, f"{optimizer_steps} optimizer steps are not whole iterations of {updates}")
         return optimizer_steps // updates
-    for name, ok, why in [
+    get.check([
         ("adam_beta1", get("adam_beta1", 0.9) == 0.9, "only 0.9 here"),
-        ("loss_type", loss_type in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
-        ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
-         "token or sequence"),
         ("optim", str(get("optim", "adamw_torch")).startswith("adamw_torch"), "only AdamW (adamw_torch) here"),
         ("lr_scheduler_type", get("lr_scheduler_type", "linear") in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
         ("generation_kwargs", not get("generation_kwargs"), "set the sampling.* settings instead"),
@@ -101,26 +151,13 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
         ("warmup_ratio", not get("warmup_ratio", 0.0), "give warmup_steps instead"),
-        ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
-        ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") ==
-         "sum_then_normalize", "only the weighted sum of the rewards, then the advantage, here"),
-        ("off_policy_mask_threshold", get("off_policy_mask_threshold") is None, "not built here"),
-        ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
         ("shuffle_dataset", get("shuffle_dataset", True), "prompts are always drawn in a seeded shuffle here"),
-    ]:
-        if not ok:
-            refuse(name, f"{get(name)!r}: {why}")
-
+    ])
     save = get("save_strategy", "steps")
     evaluate = get("eval_strategy", "no")
     for name, value in (("save_strategy", save), ("eval_strategy", evaluate)):
         if value not in ("steps", "no"):
-            refuse(name, f"{value!r}: only steps (or no) has a counterpart here")
-    scale = get("scale_rewards", "group")
-    scale = {True: "group", False: "none"}.get(scale, scale)
-    if scale not in ("group", "batch", "none"):
-        refuse("scale_rewards", f"{scale!r}: expected group, batch or none")
-    beta = float(get("beta", 0.0))
+            get.refuse(name, f"{value!r}: only steps (or no) has a counterpart here")
     hub = (get("hub_model_id") or Path(get("output_dir") or ".").resolve().name) if get("push_to_hub") else None
     report = get("report_to") or []
     report = [report] if isinstance(report, str) else list(report)
@@ -133,18 +170,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                  "warmup_steps": iterations("warmup_steps", get("warmup_steps")),
                  "lr_scheduler_kwargs": dict(get("lr_scheduler_kwargs") or {}),
                  "max_grad_norm": get("max_grad_norm") or None,  # 0: no clipping, as in transformers
-                 "weight_decay": float(get("weight_decay", 0.0)), "entropy_coef": float(get("entropy_coef", 0.0)),
+                 "weight_decay": float(get("weight_decay", 0.0)),
                  "adam_beta2": float(get("adam_beta2", 0.999)), "adam_eps": float(get("adam_epsilon", 1e-8)),
-                 "ratio": get("importance_sampling_level", "token"), "clip_range": float(get("epsilon", 0.2)),
+                 "clip_range": float(get("epsilon", 0.2)),
                  "clip_range_high": None if get("epsilon_high") is None else float(get("epsilon_high")),
-                 "ratio_max": None if get("delta") is None else float(get("delta")),
-                 "loss_aggregation": LOSS_TYPES[loss_type],
-                 "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
-                 "surrogate": "cispo" if loss_type == "cispo" else "clip",
-                 "scale_rewards": "group" if scale == "group" else "none",
-                 "whiten_advantages": scale == "batch",
-                 "mask_truncated_completions": bool(get("mask_truncated_completions", False))},
-        "kl": {"coef": beta, "target": None, "estimator": "k3"},
+                 "mask_truncated_completions": bool(get("mask_truncated_completions", False)), **algo},
+        "kl": {"coef": beta, "target": None, "estimator": estimator},
         "method": {"name": "kl" if beta > 0 else "none"},
         "sampling": {"max_new_tokens": int(get("max_completion_length", 256)),
                      "temperature": float(get("temperature", 1.0)), "top_p": float(get("top_p", 1.0)),
@@ -160,22 +191,23 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         "run_name": get("run_name"),
         "project": None if get("project", DEFAULT_PROJECT) == DEFAULT_PROJECT else get("project"),
     }
-    _refuse_unread(args, read)
+    _refuse_unread(get)
     return config_from_dict(data, list(overrides))
 
 
-def _refuse_unread(args: Any, read: set[str]) -> None:
-    """Refuse a ``GRPOConfig`` setting of its own (not transformers' ``TrainingArguments``') that was neither read
+def _refuse_unread(get: _Reader) -> None:
+    """Refuse a setting of the TRL config's own (not transformers' ``TrainingArguments``') that was neither read
     nor :data:`IGNORED`, unless it is at its default: a newer TRL's setting is never dropped silently."""
+    args = get.args
     if not dataclasses.is_dataclass(args):
         return
     from transformers import TrainingArguments
 
     inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
     for f in dataclasses.fields(args):
-        if f.name in read or f.name in IGNORED or f.name in inherited:
+        if f.name in get.read or f.name in IGNORED or f.name in inherited:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if getattr(args, f.name) != default:
-            raise ConfigError(f"GRPOConfig.{f.name}: {getattr(args, f.name)!r}: not known to this version of "
+            raise ConfigError(f"{get.kind}.{f.name}: {getattr(args, f.name)!r}: not known to this version of "
                               "elastic-reset; leave it at its default")

@@ -379,10 +379,11 @@ def ppo_policy_loss(
     (the max of the negated objectives is the pessimistic min of the objectives; ε_high = ε unless given: DAPO's
     clip-higher; ``ratio_max`` δ caps the unclipped ρ too: INTELLECT-2's two-sided clipping). ``level="sequence"``:
     one ρ per row, exp of its mean token log-ratio (GSPO, TRL's ``importance_sampling_level``), for each of its
-    tokens. ``how``/``max_len``: the reduction (:func:`reduce_loss`; ``token`` is the mean above). ``logp`` carries
-    the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as constants.
-    ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's gradient kept
-    (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
+    tokens; ``level="sequence_sum"``: the whole sequence's probability ratio, exp of the sum (with ``how="sequence"``
+    the loss of TRL's ``RLOOTrainer``). ``how``/``max_len``: the reduction (:func:`reduce_loss`; ``token`` is the
+    mean above). ``logp`` carries the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as
+    constants. ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's
+    gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
 
     Stats (detached 0-dim tensors, so that logging syncs once, where the caller chooses):
     ``clipfrac``: share of real tokens where the clipped term is the one used (strictly larger);
@@ -398,10 +399,12 @@ def ppo_policy_loss(
     adv = torch.where(m, _float(advantages).detach(), 0.0)
     if level == "sequence":
         ratio = torch.exp(masked_mean(log_ratio, m, dim=1))[:, None].expand_as(log_ratio)
+    elif level == "sequence_sum":
+        ratio = torch.exp(masked_sum(log_ratio, m, dim=1))[:, None].expand_as(log_ratio)
     elif level == "token":
         ratio = torch.exp(log_ratio)
     else:
-        raise ValueError(f"level: expected token or sequence, got {level!r}")
+        raise ValueError(f"level: expected token, sequence or sequence_sum, got {level!r}")
     high = clip_range if clip_range_high is None else clip_range_high
     if surrogate == "cispo":  # the capped ratio weighs REINFORCE's term as a constant (an advantage): none cut off
         loss = policy_gradient_loss(logp, adv * ratio.clamp(max=high), m, how, max_len)

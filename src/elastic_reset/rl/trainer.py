@@ -372,8 +372,9 @@ class RLTrainer:
         else:
             kl_tok = torch.zeros_like(mask)
         seq_kl = kl_tok.sum(dim=1)
-        advantages, returns = self.estimator.advantages(scores, keep, mask, rollout.response_mask, kl_tok, beta,
-                                                        old_values)
+        clip = c.algo.reward_clip_range  # the advantage's reward only: the logged reward is the task's
+        advantages, returns = self.estimator.advantages(scores if clip is None else scores.clamp(*clip), keep, mask,
+                                                        rollout.response_mask, kl_tok, beta, old_values)
         ended = self.policy.ended(rollout)
         # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
         loss_mask = mask * ended[:, None] if c.algo.mask_truncated_completions else mask
