@@ -801,7 +801,7 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
     from elastic_reset.rl.config import describe_fields
 
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Coming from TRL's `GRPOConfig`\n", 1)[1].split("\n\n")[0].strip()
+    section = readme.split("### Coming from TRL: `GRPOConfig`", 1)[1].split("\n\n", 1)[1].split("\n\n")[0].strip()
     rows = [[re.findall(r"`([^`]+)`", cell) for cell in line.strip("|").split("|")[:2]]
             for line in section.splitlines()[2:]]
     from elastic_reset.tasks.prompts import prompts_task

@@ -286,3 +286,113 @@ def test_an_rloo_config_trains_here_its_reward_clipped_for_the_advantage_only(tm
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["reward"] >= 1.0 and r["reward_std"] > 0 for r in train)  # logged as the task gave it
     assert all(r["grad_norm"] == 0.0 for r in train)  # one clipped reward for all: no advantage, no gradient
+
+
+# ---------------------------------------------------------------------------------- `trl grpo --config` recipes
+RECIPE = """\
+model_name_or_path: tiny-llama
+dataset_name: {data}
+reward_funcs: [my_rewards.letters, think_format_reward]
+reward_model_name_or_path: {data}/../reward-model
+reward_weights: [1.0, 0.5, 0.1]
+use_peft: true
+lora_r: 4
+lora_alpha: 8
+lora_target_modules: [q_proj, k_proj]
+lora_dropout: 0.1
+num_generations: 2
+per_device_train_batch_size: 4
+max_steps: 2
+max_completion_length: 6
+learning_rate: 1.0e-3
+beta: 0.02
+eval_strategy: steps
+eval_steps: 1
+report_to: none
+env:
+  ELASTIC_RESET_TEST_RECIPE: "read"
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path, monkeypatch):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(8)]}),
+                 "test": Dataset.from_dict({"prompt": ["Held out one:", "Held out two:"]})}
+                ).save_to_disk(str(tmp_path / "data"))
+    (tmp_path / "my_rewards.py").write_text("def letters(prompts, completions, **kwargs):\n"
+                                            "    return [c.count('e') / max(len(c), 1) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)  # TRL's scripts import a dotted reward from the working directory, as here
+    monkeypatch.delenv("ELASTIC_RESET_TEST_RECIPE", raising=False)
+
+    def write(text=RECIPE, **changes):
+        body = text.format(data=tmp_path / "data")
+        for key, value in changes.items():
+            lines = [line for line in body.splitlines() if not line.startswith(f"{key}:")]
+            body = "\n".join(lines + ([f"{key}: {value}"] if value is not None else [])) + "\n"
+        (tmp_path / "recipe.yaml").write_text(body)
+        return tmp_path / "recipe.yaml"
+    return write
+
+
+def test_a_trl_grpo_recipe_carries_over_whole(recipe):
+    import os
+
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    config = config_from_recipe(recipe(), "grpo", ["method.name=elastic_reset"])
+    o = config.task.options
+    assert (config.model.name, config.model.lora.r, config.model.lora.alpha, config.model.lora.target_modules) == \
+        ("tiny-llama", 4, 8, ["q_proj", "k_proj"])
+    assert config.model.autocast == "auto"  # bf16 not stated: TRL's default is bf16, here where the hardware has it
+    assert (config.task.name, o["path"].endswith("data"), o["split"], o["eval_split"]) == \
+        ("prompts", True, "train", "test")  # a folder here; a datasets name (dataset: ...) online
+    assert o["reward"][0].endswith("reward-model") and o["reward"][1:] == ["my_rewards:letters",
+                                                                           "trl.rewards:think_format_reward"]
+    assert o["reward_weights"] == [1.0, 0.5, 0.1]
+    assert (config.algo.samples_per_prompt, config.steps, config.eval.every, config.kl.coef) == (2, 2, 1, 0.02)
+    assert (config.kl.estimator, config.method.name) == ("k3", "elastic_reset")  # overrides come last
+    assert os.environ["ELASTIC_RESET_TEST_RECIPE"] == "read"
+    rloo = config_from_recipe(recipe(eval_strategy=None, bf16="false"), "rloo")
+    assert (rloo.algo.ratio, rloo.kl.estimator, rloo.model.autocast) == ("sequence_sum", "k1", "none")
+    assert "eval_split" not in rloo.task.options  # TRL reads the test split only to evaluate: a held-out share here
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"foo": 1}, r"recipe\.yaml: Some keys are not used by the HfArgumentParser: \['foo'\]"),
+    ({"load_in_4bit": "true"}, r"^ModelConfig\.load_in_4bit: True: quantised models are not built here"),
+    ({"lora_r": "four"}, r"^ModelConfig\.lora_r: expected an integer, got 'four'"),
+    ({"lora_target_modules": "all-linear"}, r"^ModelConfig\.lora_target_modules: 'all-linear': name the modules"),
+    ({"learning_rate": "fast"}, r"^GRPOConfig\.learning_rate: expected a number, got 'fast'"),
+    ({"reward_funcs": "[letters]"}, r"^GRPOScriptArguments\.reward_funcs: 'letters': expected one of accuracy_"),
+    ({"dataset_config": "plain_text"}, r"^GRPOScriptArguments\.dataset_config: 'plain_text': a dataset's config"),
+    ({"datasets": "[{path: a}]"}, r"recipe\.yaml: datasets: TRL's dataset mixtures are not read here"),
+    ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
+])
+def test_what_a_recipe_cannot_have_here_is_refused_in_one_line_naming_it(recipe, changes, pattern):
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    with pytest.raises(ConfigError, match=pattern):
+        config_from_recipe(recipe(**changes), "grpo")
+
+
+def test_train_runs_a_trl_recipe_and_the_cli_flags_come_after_it(recipe, tmp_path):
+    import argparse
+
+    from elastic_reset.cli import _overrides, main
+    from elastic_reset.io import read_metrics
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    path = recipe(reward_model_name_or_path=None, reward_weights=None, reward_funcs="[my_rewards.letters]")
+    assert main(["train", str(path), "--trl", "grpo", "--out", str(tmp_path / "run"), "--set", "progress=false",
+                 "--set", "method.name=elastic_reset", "--set", "method.reset_every=1"]) == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    train = [r for r in records if "reward" in r]
+    assert [r["step"] for r in train] == [1, 2] and "rewards/letters" in train[-1]
+    assert [r["step"] for r in records if "eval/reward" in r] == [0, 1, 2]  # on the dataset's test split
+    assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()  # use_peft: a LoRA adapter out
+    # --reward alone replaces the recipe's reward only; its dataset stays
+    flags = argparse.Namespace(model=None, prompts=None, reward=["my_rewards:letters"], set=None)
+    options = config_from_recipe(path, "grpo", _overrides(flags)).task.options
+    assert options["reward"] == "my_rewards:letters" and options["path"].endswith("data")

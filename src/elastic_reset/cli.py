@@ -1,7 +1,7 @@
 """``elastic-reset``: the command line.
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
-                  [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
+                  [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...] [--trl grpo|rloo]
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
                   [--score reward|task_bleu] [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
@@ -41,17 +41,17 @@ from elastic_reset.evaluation.runs import DRIFTS, SCORES
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` items, after those that ``--model``, ``--prompts`` and ``--reward`` stand for (TRL's CLI habits:
-    ``--model_name_or_path``, ``--dataset_name``, ``--reward_funcs``); a ``--set`` given too wins."""
+    ``--model_name_or_path``, ``--dataset_name``, ``--reward_funcs``); a ``--set`` given too wins. ``--prompts``
+    replaces the config's task options; ``--reward`` alone replaces only its reward."""
+    from elastic_reset.tasks.prompts import source_option
+
     items = [f"model.name={json.dumps(args.model)}"] if args.model else []
-    if args.prompts is not None or args.reward:
-        options = {}
-        if args.prompts is not None:  # a file or folder here (or named like a file), else a datasets name
-            local = os.path.exists(args.prompts) or args.prompts.lower().endswith((".jsonl", ".json", ".csv", ".tsv",
-                                                                                   ".txt"))
-            options["path" if local else "dataset"] = args.prompts
-        if args.reward:
-            options["reward"] = args.reward if len(args.reward) > 1 else args.reward[0]
+    reward = (args.reward if len(args.reward) > 1 else args.reward[0]) if args.reward else None
+    if args.prompts is not None:
+        options = {source_option(args.prompts): args.prompts, **({"reward": reward} if reward else {})}
         items += ["task.name=prompts", f"task.options={json.dumps(options)}"]
+    elif reward:
+        items += ["task.name=prompts", f"task.options.reward={json.dumps(reward)}"]
     return items + (args.set or [])
 
 
@@ -67,9 +67,13 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from elastic_reset.rl.config import load_config
+    from elastic_reset.rl.from_trl import config_from_recipe
     from elastic_reset.rl.trainer import RLTrainer
 
-    config = load_config(args.config, _overrides(args))
+    if args.trl:
+        config = config_from_recipe(args.config, args.trl, _overrides(args))
+    else:
+        config = load_config(args.config, _overrides(args))
     trainer = RLTrainer(config, args.out, resume=args.resume)
     trainer.train()
     if trainer.dp.is_main:
@@ -469,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set algo.lr=1e-5 (repeatable)")
     _add_task_flags(train)
+    train.add_argument("--trl", choices=("grpo", "rloo"), help="CONFIG is the YAML of `trl grpo --config` (or `trl "
+                       "rloo`): its trainer's, model's and script's settings carried over (README: Coming from TRL)")
     train.set_defaults(func=_train)
 
     compare = sub.add_parser("compare", help="train methods × seeds from one config (resumable), then report")

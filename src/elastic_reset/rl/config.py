@@ -756,6 +756,12 @@ def _read_text(path: Path) -> str:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML file into a validated :class:`TrainConfig`."""
+    return config_from_dict(read_yaml_mapping(path), overrides)
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, read as :class:`_Loader` reads (YAML 1.2 floats, no aliases, no duplicated
+    key); a missing, empty or unreadable file, or one that is not a mapping, is refused naming it."""
     path = Path(path)
     if not path.is_file():
         shipped = Path(__file__).resolve().parents[1] / "configs"
@@ -773,7 +779,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
                           "in configs/")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return config_from_dict(data, overrides)
+    return data
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:

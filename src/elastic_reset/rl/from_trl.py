@@ -13,12 +13,16 @@ about the method and are ignored. ``trl`` itself is not imported."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from elastic_reset.errors import ConfigError
-from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict
+from elastic_reset.errors import ConfigError, first_line
+from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, read_yaml_mapping
+from elastic_reset.tasks.prompts import source_option
 
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
@@ -46,6 +50,15 @@ IGNORED = frozenset({
 })
 """``GRPOConfig``'s and ``RLOOConfig``'s own settings that make no difference here. Any other one that is not read
 (one a newer TRL added) is refused unless it is at its default."""
+MODEL_IGNORED = frozenset({"attn_implementation", "lora_dropout", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+                           "bnb_4bit_quant_storage", "ignore_bias_buffers"})
+"""``ModelConfig``'s and the scripts' settings that make no difference here: the attention kernel, LoRA dropout
+(dropout is always off here), quantisation's details (quantisation is refused), a DPO setting."""
+RECIPES = {"grpo": ("trl.scripts.grpo", "GRPOScriptArguments", "GRPOConfig"),
+           "rloo": ("trl.scripts.rloo", "RLOOScriptArguments", "RLOOConfig")}
+"""The TRL scripts whose ``--config`` YAML :func:`config_from_recipe` reads: module, script settings, config."""
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+"""The names the scripts' ``reward_funcs`` takes for functions of ``trl.rewards``."""
 
 
 class _Reader:
@@ -59,6 +72,19 @@ class _Reader:
         self.read.add(name)
         value = getattr(self.args, name, default)
         return getattr(value, "value", value)  # transformers' enums (SchedulerType, IntervalStrategy)
+
+    def number(self, name: str, default: Any = None, kind: type = float) -> Any:
+        """The setting as ``kind`` (``float`` or ``int``); None stays None; anything else is refused naming it."""
+        value = self(name, default)
+        if value is None:
+            return None
+        try:
+            number = kind(value)
+            if isinstance(value, bool) or (kind is int and number != float(value)):
+                raise ValueError
+        except (TypeError, ValueError):
+            self.refuse(name, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
+        return number
 
     def refuse(self, name: str, why: str) -> None:
         raise ConfigError(f"{self.kind}.{name}: {why}")
@@ -90,12 +116,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     if scale not in ("group", "batch", "none"):
         get.refuse("scale_rewards", f"{scale!r}: expected group, batch or none")
     algo = {"ratio": get("importance_sampling_level", "token"),
-            "ratio_max": None if get("delta") is None else float(get("delta")),
+            "ratio_max": get.number("delta"),
             "loss_aggregation": LOSS_TYPES[loss_type], "surrogate": "cispo" if loss_type == "cispo" else "clip",
-            "top_entropy_quantile": float(get("top_entropy_quantile", 1.0)),
-            "entropy_coef": float(get("entropy_coef", 0.0)),
+            "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
+            "entropy_coef": get.number("entropy_coef", 0.0),
             "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
-    return _carried_over(get, overrides, algo, beta=float(get("beta", 0.0)), estimator="k3")
+    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3")
 
 
 def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
@@ -105,29 +131,135 @@ def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     clipped (``algo.ratio: sequence_sum``), one loss per completion averaged (``loss_aggregation: sequence``)."""
     get = _Reader(args, "RLOOConfig")
     clip = get("reward_clip_range")
+    try:
+        clip = None if clip is None else [float(v) for v in clip]
+    except (TypeError, ValueError):
+        get.refuse("reward_clip_range", f"expected [low, high], got {clip!r}")
     algo = {"ratio": "sequence_sum", "loss_aggregation": "sequence", "scale_rewards": "none",
-            "whiten_advantages": bool(get("normalize_advantages", False)),
-            "reward_clip_range": None if clip is None else [float(v) for v in clip]}
-    return _carried_over(get, overrides, algo, beta=float(get("beta", 0.05)), estimator="k1")
+            "whiten_advantages": bool(get("normalize_advantages", False)), "reward_clip_range": clip}
+    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.05), estimator="k1")
+
+
+def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
+    """What ``trl <trainer> --config path`` trains (``trainer``: ``grpo`` or ``rloo``), then ``overrides``: the
+    trainer's settings carried over by :func:`config_from_grpo` / :func:`config_from_rloo`, ``ModelConfig``'s as
+    the model and its LoRA, the script's (``dataset_name``, ``reward_funcs``, ``reward_model_name_or_path``) with
+    ``reward_weights`` and ``chat_template_kwargs`` as the prompts task. ``env:`` sets environment variables, as
+    TRL's parser does. Needs TRL."""
+    if trainer not in RECIPES:
+        raise ConfigError(f"--trl: expected one of {', '.join(RECIPES)}, got {trainer!r}")
+    data = read_yaml_mapping(path)
+    try:
+        import trl
+        from transformers import HfArgumentParser
+    except ImportError:
+        raise ConfigError(f"{path}: a TRL recipe is read with TRL's own settings: pip install 'elastic-reset[trl]'"
+                          ) from None
+    env = data.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{path}: env: expected a mapping of environment variables, got {env!r}")
+    os.environ.update({str(key): str(value) for key, value in env.items()})
+    if "datasets" in data:
+        raise ConfigError(f"{path}: datasets: TRL's dataset mixtures are not read here; give dataset_name")
+    task_options = {name: data.pop(name) for name in ("reward_weights", "chat_template_kwargs")
+                    if data.get(name) is not None}  # the trainer's in TRL, the prompts task's here
+    stated = set(data)
+    if "use_cpu" not in data and not _cuda():
+        data["use_cpu"] = True  # else TrainingArguments refuses TRL's default bf16 on a CPU
+    module, script_class, config_class = RECIPES[trainer]
+    classes = (getattr(importlib.import_module(module), script_class), getattr(trl, config_class), trl.ModelConfig)
+    try:
+        script, args, model = HfArgumentParser(classes).parse_dict(data, allow_extra_keys=False)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {first_line(err)}") from None
+    m = _Reader(model, "ModelConfig")
+    items = _model_items(m, bf16_stated="bf16" in stated)
+    script_get = _Reader(script, script_class)
+    items += _task_items(script_get, task_options, eval_split=args.eval_strategy != "no")
+    for reader in (m, script_get):
+        _refuse_unread(reader, MODEL_IGNORED)
+    carry = config_from_grpo if trainer == "grpo" else config_from_rloo
+    return carry(args, items + list(overrides))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _model_items(m: _Reader, bf16_stated: bool) -> list[str]:
+    """``--set`` items for ``ModelConfig``'s settings: the model, LoRA (``use_peft``), the precision."""
+    m.check([
+        ("model_revision", m("model_revision", "main") == "main", "only the default revision here"),
+        ("dtype", m("dtype") in (None, "auto", "float32", "bfloat16"), "float32, bfloat16 (here bf16 autocast "
+                                                                        "over float32 weights) or auto"),
+        ("load_in_8bit", not m("load_in_8bit"), "quantised models are not built here"),
+        ("load_in_4bit", not m("load_in_4bit"), "quantised models are not built here"),
+        ("use_rslora", not m("use_rslora"), "plain LoRA only here"),
+        ("use_dora", not m("use_dora"), "plain LoRA only here"),
+        ("lora_target_parameters", not m("lora_target_parameters"), "give lora_target_modules"),
+        ("lora_modules_to_save", not m("lora_modules_to_save"), "only the adapters train here"),
+        ("lora_task_type", m("lora_task_type", "CAUSAL_LM") == "CAUSAL_LM", "causal LMs here"),
+    ])
+    items = [f"model.name={json.dumps(m('model_name_or_path'))}"] if m("model_name_or_path") else []
+    lora = {"r": m.number("lora_r", 16, int), "alpha": m.number("lora_alpha", 32, int)}  # read, used or not
+    targets = m("lora_target_modules")
+    targets = [targets] if isinstance(targets, str) else targets
+    if targets and "all-linear" in targets:
+        m.refuse("lora_target_modules", "'all-linear': name the modules (e.g. [q_proj, k_proj, v_proj, o_proj])")
+    if m("use_peft"):
+        items.append(f"model.lora={json.dumps({**lora, **({'target_modules': list(targets)} if targets else {})})}")
+    if not bf16_stated:  # TRL's default is bf16; here bf16 where the hardware has it
+        items.append(f"model.autocast={'bf16' if m('dtype') == 'bfloat16' else 'auto'}")
+    return items
+
+
+def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list[str]:
+    """``--set`` items for the prompts task the script's settings describe (none without ``dataset_name``)."""
+    get.check([
+        ("dataset_config", get("dataset_config") is None, "a dataset's configuration is not read here: give its "
+                                                          "folder (save_to_disk) as dataset_name"),
+        ("dataset_streaming", not get("dataset_streaming"), "prompts are read whole here"),
+    ])
+    rewards = [get("reward_model_name_or_path")] if get("reward_model_name_or_path") else []
+    for name in get("reward_funcs") or []:
+        if name in TRL_REWARDS:
+            rewards.append(f"trl.rewards:{name}")
+        elif "." in name:
+            rewards.append(":".join(name.rsplit(".", 1)))
+        else:
+            get.refuse("reward_funcs", f"{name!r}: expected one of {', '.join(TRL_REWARDS)} or a dotted import "
+                                       "path (my_lib.rewards.custom_reward)")
+    if rewards:
+        options["reward"] = rewards
+    dataset, train, test = get("dataset_name"), get("dataset_train_split", "train"), get("dataset_test_split", "test")
+    if not dataset:
+        return [f"task.options.{key}={json.dumps(value)}" for key, value in options.items()]
+    options = {source_option(dataset): dataset, "split": train, **options}
+    if eval_split and not os.path.isfile(dataset):  # TRL evaluates on it only with an eval_strategy; a file has
+        # no splits: a held-out share of it here, as without one
+        options["eval_split"] = test
+    return ["task.name=prompts", f"task.options={json.dumps(options)}"]
 
 
 def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta: float,
                   estimator: str) -> TrainConfig:
     """What ``GRPOConfig`` and ``RLOOConfig`` share (batches, schedule, sampling, saving, logging), with ``algo``
     (the trainer's own loss settings) on top, as a :class:`TrainConfig`."""
-    k = int(get("num_generations"))
-    per_step = int(get("per_device_train_batch_size")) * int(get("gradient_accumulation_steps", 1)) \
-        * int(get("world_size", 1))
-    steps_per_generation = int(get("steps_per_generation") or 1)  # TRL folds it into generation_batch_size
-    generation = int(get("generation_batch_size") or per_step * steps_per_generation)
+    k = get.number("num_generations", None, int)
+    per_step = (get.number("per_device_train_batch_size", None, int) * get.number("gradient_accumulation_steps", 1, int)
+                * get.number("world_size", 1, int))
+    steps_per_generation = get.number("steps_per_generation", None, int) or 1  # folded into generation_batch_size
+    generation = get.number("generation_batch_size", None, int) or per_step * steps_per_generation
     if generation % k:
         get.refuse("generation_batch_size", f"{generation} completions are not whole groups of num_generations={k}")
     if generation % per_step:
         get.refuse("steps_per_generation", f"a generation batch of {generation} completions is not a whole number "
                                            f"of optimizer steps of {per_step}")
-    epochs = int(get("num_iterations", 1))
+    epochs = get.number("num_iterations", 1, int)
     updates = epochs * generation // per_step  # optimizer steps an iteration
-    max_steps = int(get("max_steps", -1))
+    max_steps = get.number("max_steps", -1, int)
     if max_steps <= 0:
         get.refuse("max_steps", "set the number of optimizer steps; epochs over a dataset (num_train_epochs) have no "
                                 "counterpart here, where a run is a number of iterations")
@@ -162,28 +294,28 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
     report = get("report_to") or []
     report = [report] if isinstance(report, str) else list(report)
     data = {
-        "seed": int(get("seed", 42)),
+        "seed": get.number("seed", 42, int),
         "steps": iterations("max_steps", max_steps),
         "algo": {"name": "rloo", "samples_per_prompt": k, "prompts_per_step": generation // k,
-                 "minibatch_size": per_step, "epochs": epochs, "lr": float(get("learning_rate")),
+                 "minibatch_size": per_step, "epochs": epochs, "lr": get.number("learning_rate"),
                  "lr_scheduler": get("lr_scheduler_type", "linear"),
-                 "warmup_steps": iterations("warmup_steps", get("warmup_steps")),
+                 "warmup_steps": iterations("warmup_steps", get.number("warmup_steps")),
                  "lr_scheduler_kwargs": dict(get("lr_scheduler_kwargs") or {}),
                  "max_grad_norm": get("max_grad_norm") or None,  # 0: no clipping, as in transformers
-                 "weight_decay": float(get("weight_decay", 0.0)),
-                 "adam_beta2": float(get("adam_beta2", 0.999)), "adam_eps": float(get("adam_epsilon", 1e-8)),
-                 "clip_range": float(get("epsilon", 0.2)),
-                 "clip_range_high": None if get("epsilon_high") is None else float(get("epsilon_high")),
+                 "weight_decay": get.number("weight_decay", 0.0),
+                 "adam_beta2": get.number("adam_beta2", 0.999), "adam_eps": get.number("adam_epsilon", 1e-8),
+                 "clip_range": get.number("epsilon", 0.2),
+                 "clip_range_high": get.number("epsilon_high"),
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False)), **algo},
         "kl": {"coef": beta, "target": None, "estimator": estimator},
         "method": {"name": "kl" if beta > 0 else "none"},
-        "sampling": {"max_new_tokens": int(get("max_completion_length", 256)),
-                     "temperature": float(get("temperature", 1.0)), "top_p": float(get("top_p", 1.0)),
-                     "top_k": int(get("top_k") or 0), "min_p": float(get("min_p") or 0.0),
-                     "repetition_penalty": float(get("repetition_penalty", 1.0))},
+        "sampling": {"max_new_tokens": get.number("max_completion_length", 256, int),
+                     "temperature": get.number("temperature", 1.0), "top_p": get.number("top_p", 1.0),
+                     "top_k": get.number("top_k", None, int) or 0, "min_p": get.number("min_p") or 0.0,
+                     "repetition_penalty": get.number("repetition_penalty", 1.0)},
         "model": {"autocast": "bf16" if get("bf16") else "none"},
-        "checkpoint_every": iterations("save_steps", get("save_steps")) if save == "steps" else 0,
-        "eval": {"every": iterations("eval_steps", get("eval_steps") or get("logging_steps"))
+        "checkpoint_every": iterations("save_steps", get.number("save_steps")) if save == "steps" else 0,
+        "eval": {"every": iterations("eval_steps", get.number("eval_steps") or get.number("logging_steps"))
                  if evaluate == "steps" else 0},
         "report_to": report,
         "log_completions": bool(get("log_completions", False)),
@@ -195,9 +327,9 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
     return config_from_dict(data, list(overrides))
 
 
-def _refuse_unread(get: _Reader) -> None:
+def _refuse_unread(get: _Reader, ignored: frozenset[str] = IGNORED) -> None:
     """Refuse a setting of the TRL config's own (not transformers' ``TrainingArguments``') that was neither read
-    nor :data:`IGNORED`, unless it is at its default: a newer TRL's setting is never dropped silently."""
+    nor ``ignored``, unless it is at its default: a newer TRL's setting is never dropped silently."""
     args = get.args
     if not dataclasses.is_dataclass(args):
         return
@@ -205,7 +337,7 @@ def _refuse_unread(get: _Reader) -> None:
 
     inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
     for f in dataclasses.fields(args):
-        if f.name in get.read or f.name in IGNORED or f.name in inherited:
+        if f.name in get.read or f.name in ignored or f.name in inherited:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if getattr(args, f.name) != default:

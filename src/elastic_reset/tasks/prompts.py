@@ -75,6 +75,13 @@ def _source(path: str | None, dataset: Any, path_key: str, dataset_key: str) -> 
     return None
 
 
+def source_option(name: str) -> str:
+    """The option that names the prompts ``name`` stands for: ``path`` for a file or folder here (or a name like a
+    file's), ``dataset`` for a ``datasets`` name (TRL's ``dataset_name``, the CLI's ``--prompts``)."""
+    local = os.path.exists(name) or name.lower().endswith((".jsonl", ".json", ".csv", ".tsv", ".txt"))
+    return "path" if local else "dataset"
+
+
 # ------------------------------------------------------------------------------------------------ rewards
 class TRLReward:
     """The task's reward: TRL-style reward functions called with the columns of each prompt's row, summed with
