@@ -396,3 +396,22 @@ def test_train_runs_a_trl_recipe_and_the_cli_flags_come_after_it(recipe, tmp_pat
     flags = argparse.Namespace(model=None, prompts=None, reward=["my_rewards:letters"], set=None)
     options = config_from_recipe(path, "grpo", _overrides(flags)).task.options
     assert options["reward"] == "my_rewards:letters" and options["path"].endswith("data")
+
+
+def test_compare_runs_a_grid_from_a_trl_recipe_in_child_processes_too(recipe, tmp_path):
+    import json
+
+    import yaml
+
+    from elastic_reset.cli import main
+
+    path = recipe(reward_model_name_or_path=None, reward_weights=None, reward_funcs="[my_rewards.letters]",
+                  max_steps=1)
+    assert main(["compare", str(path), "--trl", "grpo", "--out", str(tmp_path / "grid"), "--methods", "none,kl",
+                 "--seeds", "1", "--jobs", "2"]) == 0
+    summary = json.loads((tmp_path / "grid" / "summary.json").read_text())
+    assert summary["grid"]["trl"] == "grpo" and summary["argv"][3:5] == ["--out", str(tmp_path / "grid")]
+    assert "--trl" in summary["argv"]  # rerunning the recorded command continues this grid
+    for method in ("none", "kl"):
+        saved = yaml.safe_load((tmp_path / "grid" / method / "seed0" / "config.yaml").read_text())
+        assert (saved["method"]["name"], saved["model"]["lora"]["r"], saved["kl"]["coef"]) == (method, 4, 0.02)

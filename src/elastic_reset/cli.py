@@ -5,6 +5,7 @@
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
                   [--score reward|task_bleu] [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
+                  [--trl grpo|rloo]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
@@ -63,6 +64,9 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reward", action="append", metavar="SPEC", help="a reward of the prompts task, as "
                         "task.options.reward: module:function, path/to/file.py:function or a reward model's "
                         "folder (repeatable: summed)")
+    parser.add_argument("--trl", choices=("grpo", "rloo"), help="the config is the YAML of `trl grpo --config` (or "
+                        "`trl rloo`): its trainer's, model's and script's settings carried over (README: Coming "
+                        "from TRL)")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -82,7 +86,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from elastic_reset.compare import parse_method_overrides, parse_methods, run_grid
+    from pathlib import Path
+
+    from elastic_reset.compare import GridConfig, parse_method_overrides, parse_methods, run_grid
     from elastic_reset.evaluation.summary import format_dominance, format_table
 
     methods = parse_methods(args.methods)
@@ -92,7 +98,7 @@ def _compare(args: argparse.Namespace) -> int:
     command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
                ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
                "--seeds", str(args.seeds)]
-    for flag, value in (("--drift", args.drift), ("--score", args.score)):
+    for flag, value in (("--trl", args.trl), ("--drift", args.drift), ("--score", args.score)):
         command += [flag, value] if value is not None else []
     command += ["--jobs", str(args.jobs)] if args.jobs != 1 else []
     command += ["--prune-finished"] if args.prune_finished else []
@@ -100,8 +106,8 @@ def _compare(args: argparse.Namespace) -> int:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
-    summary = run_grid(args.config, args.out, methods, args.seeds, args.set or [], method_overrides,
-                       drift=args.drift, command=command, score=args.score, jobs=args.jobs,
+    summary = run_grid(GridConfig(Path(args.config), args.trl), args.out, methods, args.seeds, args.set or [],
+                       method_overrides, drift=args.drift, command=command, score=args.score, jobs=args.jobs,
                        prune=args.prune_finished)
     if summary is None:
         return 0  # a data-parallel rank other than 0: rank 0 reports
@@ -473,8 +479,6 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set algo.lr=1e-5 (repeatable)")
     _add_task_flags(train)
-    train.add_argument("--trl", choices=("grpo", "rloo"), help="CONFIG is the YAML of `trl grpo --config` (or `trl "
-                       "rloo`): its trainer's, model's and script's settings carried over (README: Coming from TRL)")
     train.set_defaults(func=_train)
 
     compare = sub.add_parser("compare", help="train methods × seeds from one config (resumable), then report")

@@ -56,6 +56,7 @@ from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.lm.device import resolve_device
 from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
+from elastic_reset.rl.from_trl import config_from_recipe
 from elastic_reset.rl.distributed import is_main_process
 
 DONE = "done"
@@ -63,6 +64,31 @@ DONE = "done"
 
 # Keys the grid sets itself: a user override of them would silently relabel runs.
 _GRID_KEYS = {"seed": "--seeds", "method.name": "--methods"}
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """The file a grid's cells are built from: a YAML config of this engine's, or a TRL command-line recipe
+    (``trl``: ``grpo`` or ``rloo``, :func:`~elastic_reset.rl.from_trl.config_from_recipe`)."""
+
+    path: Path
+    trl: str | None = None
+
+    def load(self, overrides: list[str]) -> TrainConfig:
+        return config_from_recipe(self.path, self.trl, overrides) if self.trl else load_config(self.path, overrides)
+
+    def train_command(self) -> list[str]:
+        """``elastic-reset train`` on this file, as a child process runs it (``--out`` and ``--set`` to add)."""
+        return [sys.executable, "-m", "elastic_reset.cli", "train", str(self.path),
+                *(["--trl", self.trl] if self.trl else [])]
+
+
+ConfigPath = str | Path | GridConfig
+"""A grid's config: a YAML file's path, or a :class:`GridConfig`."""
+
+
+def _grid_config(config: ConfigPath) -> GridConfig:
+    return config if isinstance(config, GridConfig) else GridConfig(Path(config))
 
 
 @dataclass
@@ -131,7 +157,7 @@ def _check_not_grid_keys(overrides: list[str], flag: str) -> None:
             raise ConfigError(f"{key}: set by the grid ({_GRID_KEYS[key]}); remove {flag} {item!r}")
 
 
-def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
+def plan_grid(config_path: ConfigPath, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
               overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None) -> list[Cell]:
     """Every cell's config, built and validated before anything trains: a typo fails now, not hours in.
     ``methods``: method names, or ``{label: method}`` (:func:`parse_methods`); a cell is named by its label."""
@@ -147,7 +173,7 @@ def plan_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] |
         for seed in range(seeds):
             cell_overrides = [*overrides, *method_overrides.get(label, []), f"method.name={method}",
                               f"seed={seed}"]
-            config = load_config(config_path, cell_overrides)
+            config = _grid_config(config_path).load(cell_overrides)
             if config.eval.every < 1:
                 raise ConfigError("eval.every: compare needs evaluation records to report on; expected >= 1")
             cells.append(Cell(label, seed, Path(out_dir) / label / f"seed{seed}", cell_overrides, config))
@@ -248,7 +274,7 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def train_cell_process(cell: Cell, config_path: str | Path, threads: int, log: Callable[[str], None] = print) -> str:
+def train_cell_process(cell: Cell, config_path: ConfigPath, threads: int, log: Callable[[str], None] = print) -> str:
     """:func:`train_cell` in a child process (``elastic-reset train``), its output appended to ``<run>/train.log``;
     ``threads``: its torch threads when the config leaves them to torch (``OMP_NUM_THREADS``). Raises
     :class:`GridError` naming the log when the child fails."""
@@ -256,7 +282,7 @@ def train_cell_process(cell: Cell, config_path: str | Path, threads: int, log: C
     if status == "done":
         return "skipped"
     resume = status == "partial"
-    argv = [sys.executable, "-m", "elastic_reset.cli", "train", str(config_path), "--out", str(cell.run_dir)]
+    argv = [*_grid_config(config_path).train_command(), "--out", str(cell.run_dir)]
     for item in [*cell.overrides, "progress=false"]:  # progress is a resumable setting: the cell stays the same
         argv += ["--set", item]
     argv += ["--resume"] if resume else []
@@ -275,13 +301,13 @@ GPU_CONTEXT_GIB = 0.5
 """What a process's CUDA context holds on the GPU besides its tensors (not in PyTorch's own peak)."""
 
 
-def probe_gpu_peak_gib(cell: Cell, config_path: str | Path) -> float:
+def probe_gpu_peak_gib(cell: Cell, config_path: ConfigPath) -> float:
     """The GPU memory a run of ``cell``'s config peaks at, measured: one iteration (with its step-0 evaluation) in
     a child process, in a temporary directory, read back from ``memory/gpu_peak_gib``."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="gpu-probe-") as tmp:
-        argv = [sys.executable, "-m", "elastic_reset.cli", "train", str(config_path), "--out", f"{tmp}/run"]
+        argv = [*_grid_config(config_path).train_command(), "--out", f"{tmp}/run"]
         for item in [*cell.overrides, "steps=1", "checkpoint_every=0", "progress=false"]:
             argv += ["--set", item]
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -296,8 +322,8 @@ def probe_gpu_peak_gib(cell: Cell, config_path: str | Path) -> float:
     return max(peaks)
 
 
-def check_gpu_room(pending: list[Cell], config_path: str | Path, jobs: int, log: Callable[[str], None] = print
-                   ) -> None:
+def check_gpu_room(pending: list[Cell], config_path: ConfigPath, jobs: int,
+                   log: Callable[[str], None] = print) -> None:
     """Before ``jobs`` of the ``pending`` cells (those not finished) share one GPU: each label's peak is measured by
     :func:`probe_gpu_peak_gib` (the largest stands for all), and ``jobs`` of them, a CUDA context each, must fit in
     the GPU's free memory. Refused otherwise, naming how many fit. Nothing to check off CUDA or for a single job."""
@@ -338,7 +364,7 @@ def grid_report(out_dir: str | Path, cells: list[Cell], drift: str | None = None
     return summary
 
 
-def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
+def run_grid(config_path: ConfigPath, out_dir: str | Path, methods: list[str] | dict[str, str], seeds: int,
              overrides: list[str] = (), method_overrides: dict[str, list[str]] | None = None,
              drift: str | None = None, command: list[str] | None = None,
              log: Callable[[str], None] = print, score: str | None = None, jobs: int = 1,
@@ -362,20 +388,20 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
         drift_metric(drift)
     if score is not None:
         score_label(score)
-    out_dir = Path(out_dir)
-    cells = plan_grid(config_path, out_dir, methods, seeds, overrides, method_overrides)
+    out_dir, source = Path(out_dir), _grid_config(config_path)
+    cells = plan_grid(source, out_dir, methods, seeds, overrides, method_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
     # One grid process at a time (each cell's run directory is locked by its trainer too); rank 0 holds it.
     with DirectoryLock(out_dir, "compare grid") if is_main_process() else contextlib.nullcontext():
         # A cell trained from another config is refused now, before any other cell trains.
         pending = [cell for cell in cells if cell_status(cell) != "done"]
         if jobs > 1:
-            check_gpu_room(pending, config_path, jobs, log)
+            check_gpu_room(pending, source, jobs, log)
         threads = max(1, cpu_count() // jobs)
 
         def one(i: int, cell: Cell) -> dict[str, Any]:
             start = time.perf_counter()
-            action = train_cell(cell, log) if jobs == 1 else train_cell_process(cell, config_path, threads, log)
+            action = train_cell(cell, log) if jobs == 1 else train_cell_process(cell, source, threads, log)
             wall = round(time.perf_counter() - start, 1)
             if prune and is_main_process() and prune_finished(cell):
                 log(f"compare: {cell.method} seed {cell.seed}: checkpoints pruned ({cell.run_dir / 'checkpoints'})")
@@ -399,7 +425,8 @@ def run_grid(config_path: str | Path, out_dir: str | Path, methods: list[str] | 
         extra = {
             "command": shlex.join(command) if command else None,
             "argv": list(command) if command else None,
-            "grid": {"config": str(config_path), "methods": _as_labels(methods), "seeds": seeds,
+            "grid": {"config": str(source.path), **({"trl": source.trl} if source.trl else {}),
+                     "methods": _as_labels(methods), "seeds": seeds,
                      "overrides": list(overrides), "method_overrides": method_overrides or {}},
             "runs": actions,
         }
