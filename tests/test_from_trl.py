@@ -17,6 +17,11 @@ def grpo(**settings):
     return trl.GRPOConfig(**settings)
 
 
+def rloo(**settings):
+    settings = {"output_dir": "out/my-policy", "bf16": False, "report_to": "none", "max_steps": 20, **settings}
+    return trl.RLOOConfig(**settings)
+
+
 def test_the_settings_a_grpo_user_has_carry_over():
     config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, learning_rate=1e-5, beta=0.04,
                                    max_completion_length=32, temperature=0.9, top_p=0.95, min_p=0.05,
@@ -152,7 +157,8 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     torch.testing.assert_close(our_grad, their_grad)
 
 
-def test_every_grpo_setting_of_this_trl_is_read_or_known_to_make_no_difference(monkeypatch):
+@pytest.mark.parametrize("carry, make", [(config_from_grpo, grpo), (config_from_rloo, rloo)])
+def test_every_setting_of_this_trl_is_read_or_known_to_make_no_difference(monkeypatch, carry, make):
     # so that the refusal of an unread setting below only ever meets a newer TRL's
     import dataclasses
 
@@ -162,10 +168,11 @@ def test_every_grpo_setting_of_this_trl_is_read_or_known_to_make_no_difference(m
 
     seen = {}
     monkeypatch.setattr(from_trl, "_refuse_unread", lambda get: seen.update(read=get.read))
-    config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8))
+    args = make(num_generations=4, per_device_train_batch_size=8)
+    carry(args)
     inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-    own = {f.name for f in dataclasses.fields(trl.GRPOConfig)} - inherited
-    assert not own - seen["read"] - from_trl.IGNORED
+    own = {f.name for f in dataclasses.fields(type(args))} - inherited
+    assert own and not own - seen["read"] - from_trl.IGNORED
 
 
 def test_a_setting_this_version_does_not_know_is_refused_unless_at_its_default():
@@ -193,11 +200,6 @@ def test_the_entropy_bonus_carries_over():
         .entropy_coef == 0.01
 
 
-def rloo(**settings):
-    settings = {"output_dir": "out/my-policy", "bf16": False, "report_to": "none", "max_steps": 20, **settings}
-    return trl.RLOOConfig(**settings)
-
-
 def test_the_settings_an_rloo_user_has_carry_over():
     config = config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8, num_iterations=2, beta=0.03,
                                    normalize_advantages=True, reward_clip_range=(-1.0, 2.0), epsilon_high=0.28,
@@ -221,21 +223,6 @@ def test_the_settings_an_rloo_user_has_carry_over():
 def test_what_an_rloo_config_cannot_have_here_is_refused_naming_it(settings, pattern):
     with pytest.raises(ConfigError, match=pattern):
         config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8, **settings))
-
-
-def test_every_rloo_setting_of_this_trl_is_read_or_known_to_make_no_difference(monkeypatch):
-    import dataclasses
-
-    import transformers
-
-    from elastic_reset.rl import from_trl
-
-    seen = {}
-    monkeypatch.setattr(from_trl, "_refuse_unread", lambda get: seen.update(read=get.read))
-    config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8))
-    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-    own = {f.name for f in dataclasses.fields(trl.RLOOConfig)} - inherited
-    assert not own - seen["read"] - from_trl.IGNORED
 
 
 @pytest.mark.parametrize("noise, epsilon_high", [(0.05, None), (0.3, None), (0.3, 0.28)])
@@ -415,3 +402,19 @@ def test_compare_runs_a_grid_from_a_trl_recipe_in_child_processes_too(recipe, tm
     for method in ("none", "kl"):
         saved = yaml.safe_load((tmp_path / "grid" / method / "seed0" / "config.yaml").read_text())
         assert (saved["method"]["name"], saved["model"]["lora"]["r"], saved["kl"]["coef"]) == (method, 4, 0.02)
+
+
+def test_every_model_and_script_setting_of_this_trl_is_read_or_known_to_make_no_difference(recipe, monkeypatch):
+    import dataclasses
+
+    import transformers
+
+    from elastic_reset.rl import from_trl
+
+    seen = []
+    monkeypatch.setattr(from_trl, "_refuse_unread", lambda get, ignored=from_trl.IGNORED: seen.append((get, ignored)))
+    from_trl.config_from_recipe(recipe(), "grpo")
+    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    assert {get.kind for get, _ in seen} == {"ModelConfig", "GRPOScriptArguments", "GRPOConfig"}
+    for get, ignored in seen:
+        assert not {f.name for f in dataclasses.fields(get.args)} - inherited - get.read - ignored, get.kind
