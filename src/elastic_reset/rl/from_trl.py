@@ -17,6 +17,7 @@ import importlib
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,9 @@ def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()
     module, script_class, config_class = RECIPES[trainer]
     classes = (getattr(importlib.import_module(module), script_class), getattr(trl, config_class), trl.ModelConfig)
     try:
-        script, args, model = HfArgumentParser(classes).parse_dict(data, allow_extra_keys=False)
+        with warnings.catch_warnings():  # transformers' deprecation of a setting TRL's config sets itself
+            warnings.filterwarnings("ignore", ".*gradient_checkpointing.*", FutureWarning)
+            script, args, model = HfArgumentParser(classes).parse_dict(data, allow_extra_keys=False)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{path}: {first_line(err)}") from None
     m = _Reader(model, "ModelConfig")
