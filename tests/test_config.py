@@ -186,6 +186,9 @@ def test_meaningless_setting_is_refused_naming_the_key(override, message):
      "algo.surrogate: 'cispo' weighs the policy gradient by the ratio"),
     (["algo.name=reinforce", "algo.epochs=2", "algo.ratio=none"],
      "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token, sequence or sequence_sum)"),
+    (["algo.reward_aggregation=normalize_then_sum"],
+     "algo.reward_aggregation: 'normalize_then_sum' normalises each reward within a prompt's group"),
+    (["algo.reward_clip_range=[1, 0]"], "algo.reward_clip_range: expected [low, high] with low < high, got [1.0, 0.0]"),
 ])
 def test_cross_field_rule_is_refused_naming_the_key(overrides, message):
     assert refused(*overrides).startswith(message)

@@ -69,7 +69,7 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     ({"loss_type": "sapo"}, r"^GRPOConfig\.loss_type: 'sapo': one of dapo, bnpo, grpo, dr_grpo, cispo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"off_policy_mask_threshold": 0.5}, r"^GRPOConfig\.off_policy_mask_threshold: 0\.5: not built here"),
-    ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
+    ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
     ({"shuffle_dataset": False}, r"^GRPOConfig\.shuffle_dataset: False: prompts are always drawn"),
     ({"save_strategy": "epoch"}, r"^GRPOConfig\.save_strategy: 'epoch': only steps"),
@@ -355,7 +355,7 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     ({"reward_funcs": "[letters]"}, r"^GRPOScriptArguments\.reward_funcs: 'letters': expected one of accuracy_"),
     ({"dataset_config": "plain_text"}, r"^GRPOScriptArguments\.dataset_config: 'plain_text': a dataset's config"),
     ({"datasets": "[{path: a}]"}, r"recipe\.yaml: datasets: TRL's dataset mixtures are not read here"),
-    ({"multi_objective_aggregation": "normalize_then_sum"}, r"^GRPOConfig\.multi_objective_aggregation: "),
+    ({"lora_task_type": "SEQ_CLS"}, r"^ModelConfig\.lora_task_type: 'SEQ_CLS': causal LMs here"),
 ])
 def test_what_a_recipe_cannot_have_here_is_refused_in_one_line_naming_it(recipe, changes, pattern):
     from elastic_reset.rl.from_trl import config_from_recipe
@@ -418,3 +418,24 @@ def test_every_model_and_script_setting_of_this_trl_is_read_or_known_to_make_no_
     assert {get.kind for get, _ in seen} == {"ModelConfig", "GRPOScriptArguments", "GRPOConfig"}
     for get, ignored in seen:
         assert not {f.name for f in dataclasses.fields(get.args)} - inherited - get.read - ignored, get.kind
+
+
+def test_gdpos_reward_is_the_one_grpo_trainer_computes():
+    from trl.trainer.utils import nanstd
+
+    from elastic_reset.rl import ops
+
+    nan, k, weights = float("nan"), 3, [1.0, 0.3]
+    parts = torch.tensor([[1.0, 5.0], [0.0, nan], [2.0, 7.0],     # the second reward missing once
+                          [0.5, 4.0], [0.5, nan], [0.5, nan],     # the first constant, the second given once
+                          [nan, nan], [3.0, 1.0], [1.0, 2.0]])    # a sample with no reward at all
+    # GRPOTrainer's normalize_then_sum branch, line for line (it is inline in _generate_and_score_completions)
+    grouped = parts.view(-1, k, 2)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (nanstd(grouped, dim=1, keepdim=True) + 1e-4)).view(-1, 2)
+    theirs = (reward_k * torch.tensor(weights)).nansum(dim=1)
+    theirs[torch.isnan(parts).all(dim=1)] = nan
+    torch.testing.assert_close(ops.group_normalized_sum(parts, weights, k), theirs, equal_nan=True)
+    a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8,
+                              multi_objective_aggregation="normalize_then_sum")).algo
+    assert (a.reward_aggregation, a.scale_rewards, a.whiten_advantages) == ("normalize_then_sum", "none", True)

@@ -41,6 +41,33 @@ def test_each_algorithm_raises_the_held_out_reward(tmp_path, algo, lr, extra):
     assert end > start + 0.15, f"{algo}: held-out reward {start:.3f} -> {end:.3f} in 30 iterations"
 
 
+def test_rewards_normalised_before_the_sum_let_a_quiet_reward_be_learned_beside_a_loud_one(tmp_path):
+    # GDPO (algo.reward_aggregation): the letter "e" (0..1) beside uniform noise on a scale of 30 (weight 0.3 of
+    # 0..100). Summed, the noise drowns the letter's signal; each normalised in its group first, it does not.
+    # Measured on seeds 0-2: summed 0.00 -> 0.00 on all three; normalised first 0.00 -> 0.83 / 1.00 / 1.00.
+    import random
+
+    from elastic_reset.tasks import get_task
+    from elastic_reset.tasks.toy import PROMPTS
+
+    def e_share(prompts, completions, **kwargs):
+        return [c.count("e") / len(c) if c else 0.0 for c in completions]
+
+    ends = {}
+    for aggregation in ("sum", "normalize_then_sum"):
+        rng = random.Random(0)
+
+        def loud_noise(prompts, completions, **kwargs):
+            return [100 * rng.random() for _ in completions]
+        task = get_task("prompts", dataset=[{"prompt": p} for p in PROMPTS], reward=[e_share, loud_noise],
+                        reward_weights=[1.0, 0.3])
+        config = learning_config("task.name=prompts", f"algo.reward_aggregation={aggregation}")
+        ev = evals(RLTrainer(config, tmp_path / aggregation, task=task).train())
+        assert ev[0]["eval/rewards/e_share"] < 0.05
+        ends[aggregation] = ev[30]["eval/rewards/e_share"]
+    assert ends["normalize_then_sum"] > 0.5 > ends["sum"], ends
+
+
 # ----------------------------------------------------------------------------------------------- KL penalty
 def test_a_kl_penalty_keeps_the_policy_closer_to_the_initial_model(tmp_path):
     _, free = train(tmp_path / "none", "method.name=none")

@@ -230,6 +230,14 @@ def test_a_schedule_takes_its_own_settings_and_refuses_ones_it_does_not_know(tmp
         tiny_config("algo.lr_scheduler_kwargs={min_lr_rate: 0.1}")
 
 
+def test_rewards_normalised_before_the_sum_need_a_task_of_several_weighted_rewards(tmp_path):
+    config = tiny_config("algo.name=rloo", "algo.samples_per_prompt=2", "algo.reward_aggregation=normalize_then_sum")
+    with pytest.raises(ConfigError, match=r"^algo\.reward_aggregation: normalize_then_sum aggregates a task's several "
+                                          r"weighted rewards \(the prompts task's\); task 'letter_frequency' has one"):
+        RLTrainer(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
     # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
     # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.

@@ -245,6 +245,12 @@ class AlgoConfig(Section):
     the reward at the last of 24 tokens, the early tokens' advantages are mostly the untrained head's guesses (PPO
     then barely learns in a short run: see BENCHMARKS.md). Lower it only for runs long enough for the value head to
     learn (RL4LMs' IMDB runs: 0.95 over 50 iterations of 1,280 samples)."""
+    reward_aggregation: Literal["sum", "normalize_then_sum"] = "sum"
+    """How a task's several rewards (``task.options.reward``, a list) make the reward of the advantage. ``sum``:
+    their weighted sum (TRL's ``multi_objective_aggregation: sum_then_normalize``). ``normalize_then_sum``: each
+    normalised within its prompt's group of samples first, then the weighted sum, so that a reward on a large scale
+    does not drown the others (GDPO, TRL's ``normalize_then_sum``; ``rloo`` only). The logged ``reward`` is the
+    weighted sum either way."""
     reward_clip_range: list[float] | None = None
     """[low, high]: the reward (the weighted sum of the task's rewards) clipped to it before the KL penalty and the
     advantages; the logged ``reward`` is the unclipped one (TRL's ``RLOOConfig.reward_clip_range``). None: no
@@ -452,6 +458,9 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.surrogate == "clip" or (a.ratio != "none" and a.name != "ppo"), "algo.surrogate",
          f"'cispo' weighs the policy gradient by the ratio: algo.ratio not none, and not ppo (got ratio "
          f"{a.ratio!r}, algo {a.name!r})")
+    need(a.reward_aggregation == "sum" or a.name == "rloo", "algo.reward_aggregation",
+         f"'normalize_then_sum' normalises each reward within a prompt's group of samples: algo.name rloo, not "
+         f"{a.name!r}")
     clip = a.reward_clip_range
     need(clip is None or (len(clip) == 2 and clip[0] < clip[1]), "algo.reward_clip_range",
          f"expected [low, high] with low < high, got {clip}")

@@ -107,8 +107,8 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
          "token or sequence"),
         ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
-        ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") ==
-         "sum_then_normalize", "only the weighted sum of the rewards, then the advantage, here"),
+        ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") in
+         ("sum_then_normalize", "normalize_then_sum"), "sum_then_normalize or normalize_then_sum"),
         ("off_policy_mask_threshold", get("off_policy_mask_threshold") is None, "not built here"),
         ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
     ])
@@ -122,6 +122,8 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
             "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
             "entropy_coef": get.number("entropy_coef", 0.0),
             "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
+    if get("multi_objective_aggregation", "sum_then_normalize") == "normalize_then_sum":  # GDPO: then over the batch
+        algo.update(reward_aggregation="normalize_then_sum", scale_rewards="none", whiten_advantages=True)
     return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3")
 
 

@@ -22,7 +22,7 @@ Conventions (shared by every function here):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -460,6 +460,25 @@ def value_loss(
 
 
 # ------------------------------------------------------------------------------------ RLOO and REINFORCE
+def group_normalized_sum(parts: torch.Tensor, weights: Sequence[float], k: int) -> torch.Tensor:
+    """GDPO's reward (Liu et al. 2026; TRL's ``multi_objective_aggregation: normalize_then_sum``): each reward (a
+    column of ``parts`` ``[B, F]``, NaN where it gave none) normalised within each group of ``k`` contiguous samples,
+    (x − mean) / (std + 1e-4) over the group's samples that have it (std unbiased, as TRL's ``nanstd``), then
+    summed with ``weights`` skipping NaN; a sample with no reward at all stays NaN. A reward constant within a
+    group, or given by one sample of it, adds 0 there."""
+    if parts.dim() != 2 or parts.shape[1] != len(weights):
+        raise ValueError(f"parts: expected [samples, {len(weights)} rewards], got shape {tuple(parts.shape)}")
+    if parts.shape[0] % k:
+        raise ValueError(f"k: {parts.shape[0]} samples are not a whole number of groups of k={k}")
+    x = _float(parts).view(-1, k, parts.shape[1])
+    mean = torch.nanmean(x, dim=1, keepdim=True)
+    count = (~x.isnan()).sum(dim=1, keepdim=True)
+    var = torch.nansum((x - mean) ** 2, dim=1, keepdim=True) / (count - 1).clamp(min=1)
+    z = torch.nan_to_num((x - mean) / (var.sqrt() + 1e-4), nan=0.0).view_as(parts)
+    total = (z * torch.tensor(weights, dtype=z.dtype, device=z.device)).sum(dim=1)
+    return torch.where(parts.isnan().all(dim=1), torch.nan, total)
+
+
 def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"):
 

@@ -9,6 +9,7 @@ algorithm's maths :mod:`~elastic_reset.rl.estimators`' and the drift-control met
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from contextlib import ExitStack
@@ -188,6 +189,10 @@ class RLTrainer:
             raise ConfigError(
                 f"model.max_prompt_tokens + sampling.max_new_tokens = {needed} exceeds the model's context "
                 f"length {ctx}")
+        weights = getattr(self.task.reward_fn, "weights", None)
+        if self.config.algo.reward_aggregation != "sum" and not weights:
+            raise ConfigError(f"algo.reward_aggregation: normalize_then_sum aggregates a task's several weighted "
+                              f"rewards (the prompts task's); task {self.task.name!r} has one reward")
         n = self.config.algo.prompts_per_step
         if len(self.task.train_prompts) < n:
             raise ConfigError(f"algo.prompts_per_step: {n} exceeds the task's {len(self.task.train_prompts)} "
@@ -372,8 +377,7 @@ class RLTrainer:
         else:
             kl_tok = torch.zeros_like(mask)
         seq_kl = kl_tok.sum(dim=1)
-        clip = c.algo.reward_clip_range  # the advantage's reward only: the logged reward is the task's
-        advantages, returns = self.estimator.advantages(scores if clip is None else scores.clamp(*clip), keep, mask,
+        advantages, returns = self.estimator.advantages(self._advantage_scores(scores, keep, k), keep, mask,
                                                         rollout.response_mask, kl_tok, beta, old_values)
         ended = self.policy.ended(rollout)
         # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
@@ -431,6 +435,17 @@ class RLTrainer:
             record["memory/gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
         add_logged(record, component_means([self.reward.logged]))  # last: never over a key the trainer logs
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
+
+    def _advantage_scores(self, scores: torch.Tensor, keep: torch.Tensor, k: int) -> torch.Tensor:
+        """The reward the advantages see (the logged one is the task's): its rewards normalised in their groups
+        before the sum (``algo.reward_aggregation``), then clipped (``algo.reward_clip_range``)."""
+        a = self.config.algo
+        if a.reward_aggregation == "normalize_then_sum":
+            parts = [[math.nan if v is None else v for v in values] for values in self.reward.components.values()]
+            grouped = ops.group_normalized_sum(torch.tensor(parts, device=scores.device).T,
+                                               self.task.reward_fn.weights, k)
+            scores = torch.where(keep, grouped, 0.0)
+        return scores if a.reward_clip_range is None else scores.clamp(*a.reward_clip_range)
 
     def _log_completions(self, prompts: list[str], completions: list[str], scores: torch.Tensor,
                          keep: torch.Tensor) -> None:
