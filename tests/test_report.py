@@ -263,6 +263,16 @@ def test_compare_rejects_bad_grids_before_training(tmp_path, capsys, monkeypatch
     assert "kl.cof" in capsys.readouterr().err
 
 
+def test_a_cell_refused_by_the_trainer_says_what_to_change_not_to_run_again(tmp_path, capsys):
+    argv = ["compare", str(TINY), "--out", str(tmp_path / "g"), "--seeds", "1", "--methods", "kl", "--set",
+            "algo.name=rloo", "--set", "algo.samples_per_prompt=2",
+            "--set", "algo.reward_aggregation=normalize_then_sum"]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert "algo.reward_aggregation: normalize_then_sum aggregates" in out.err and "run the same command" not in out.out
+    assert not (tmp_path / "g" / "kl" / "seed0" / "config.yaml").exists()
+
+
 def test_compare_runs_a_named_variant_of_a_method_in_its_own_folder(tmp_path):
     from elastic_reset.compare import parse_method_overrides, parse_methods, plan_grid
 

@@ -254,8 +254,8 @@ def train_cell(cell: Cell, log: Callable[[str], None] = print) -> str:
     log(f"compare: {cell.method} seed {cell.seed}: "
         + (f"resuming from step {step or 0}" if resume else "training") + f" to step {cell.config.steps} "
         f"({cell.run_dir})")
+    trainer = RLTrainer(cell.config, cell.run_dir, resume=resume)  # a refusal here says what to change instead
     try:
-        trainer = RLTrainer(cell.config, cell.run_dir, resume=resume)
         trainer.train()
     except BaseException:
         log(f"compare: {cell.method} seed {cell.seed} stopped ({cell.run_dir}); run the same command again "
