@@ -81,6 +81,17 @@ def test_what_has_no_counterpart_is_refused_naming_the_setting(settings, pattern
         config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, **settings))
 
 
+def test_a_precision_or_resumption_a_trainer_argument_asks_for_is_refused_not_dropped():
+    import types
+
+    base = {"num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 20, "learning_rate": 1e-5}
+    with pytest.raises(ConfigError, match=r"^GRPOConfig\.fp16: True: bf16 or full precision here"):
+        config_from_grpo(types.SimpleNamespace(**base, fp16=True))  # (TrainingArguments refuses it on a CPU)
+    with pytest.raises(ConfigError, match=r"^RLOOConfig\.resume_from_checkpoint: 'out/checkpoint-10': continue a "):
+        config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8,
+                              resume_from_checkpoint="out/checkpoint-10"))
+
+
 def test_a_grpo_config_trains_here(tmp_path):
     from elastic_reset.rl.trainer import RLTrainer
     from elastic_reset.tasks import get_task

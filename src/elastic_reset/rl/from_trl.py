@@ -289,6 +289,9 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
         ("warmup_ratio", not get("warmup_ratio", 0.0), "give warmup_steps instead"),
         ("shuffle_dataset", get("shuffle_dataset", True), "prompts are always drawn in a seeded shuffle here"),
+        ("fp16", not get("fp16"), "bf16 or full precision here (model.autocast)"),
+        ("resume_from_checkpoint", not get("resume_from_checkpoint"), "continue a run with elastic-reset train "
+                                                                      "--resume (RLTrainer(..., resume=True))"),
     ])
     save = get("save_strategy", "steps")
     evaluate = get("eval_strategy", "no")
