@@ -188,6 +188,9 @@ def test_meaningless_setting_is_refused_naming_the_key(override, message):
      "algo.epochs: 2 passes over a batch need an importance ratio (algo.ratio: token, sequence or sequence_sum)"),
     (["algo.reward_aggregation=normalize_then_sum"],
      "algo.reward_aggregation: 'normalize_then_sum' normalises each reward within a prompt's group"),
+    (["algo.name=rloo", "algo.samples_per_prompt=2", "algo.off_policy_mask=0.5"],
+     "algo.off_policy_mask: compares the policy with the one that sampled a response of one advantage: algo.ratio "
+     "not none"),
     (["algo.reward_clip_range=[1, 0]"], "algo.reward_clip_range: expected [low, high] with low < high, got [1.0, 0.0]"),
 ])
 def test_cross_field_rule_is_refused_naming_the_key(overrides, message):

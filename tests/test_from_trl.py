@@ -68,7 +68,6 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
     ({"loss_type": "sapo"}, r"^GRPOConfig\.loss_type: 'sapo': one of dapo, bnpo, grpo, dr_grpo, cispo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
-    ({"off_policy_mask_threshold": 0.5}, r"^GRPOConfig\.off_policy_mask_threshold: 0\.5: not built here"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
     ({"shuffle_dataset": False}, r"^GRPOConfig\.shuffle_dataset: False: prompts are always drawn"),
@@ -99,13 +98,14 @@ def test_a_grpo_config_trains_here(tmp_path):
     def letters(prompts, completions, **kwargs):
         return [c.count("e") / max(len(c), 1) for c in completions]
 
-    args = grpo(num_generations=2, per_device_train_batch_size=4, max_steps=2, max_completion_length=6,
-                learning_rate=1e-3, save_steps=2)
+    args = grpo(num_generations=2, per_device_train_batch_size=4, max_steps=4, max_completion_length=6,
+                learning_rate=1e-3, save_steps=4, num_iterations=2, off_policy_mask_threshold=0.01)
     config = config_from_grpo(args, ["model.name=tiny-llama", "task.name=prompts", "progress=false"])
     task = get_task("prompts", dataset=[{"prompt": f"Prompt {i}:"} for i in range(8)], reward=[letters])
     records = RLTrainer(config, tmp_path / "run", task=task).train()
     train = [r for r in records if "reward" in r]
     assert [r["step"] for r in train] == [1, 2] and train[0]["lr"] == 1e-3
+    assert all(0 <= r["masked"] <= 0.5 for r in train)  # the second pass may drop some negative-advantage rows
     assert (tmp_path / "run" / "final" / "README.md").is_file()
 
 
@@ -123,11 +123,12 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     assert (rloo.steps, rloo.algo.ratio, rloo.kl.coef, rloo.kl.estimator) == (100, "sequence_sum", 0.05, "k1")
 
 
-@pytest.mark.parametrize("loss_type, level, delta, rho", [
-    ("dapo", "token", None, 1.0), ("bnpo", "sequence", None, 1.0), ("grpo", "token", 1.5, 1.0),
-    ("grpo", "sequence", None, 0.4), ("dr_grpo", "token", None, 1.0), ("dapo", "token", None, 0.2),
-    ("cispo", "token", None, 1.0), ("cispo", "sequence", None, 0.4)])
-def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho):
+@pytest.mark.parametrize("loss_type, level, delta, rho, opsm", [
+    ("dapo", "token", None, 1.0, None), ("bnpo", "sequence", None, 1.0, None), ("grpo", "token", 1.5, 1.0, None),
+    ("grpo", "sequence", None, 0.4, None), ("dr_grpo", "token", None, 1.0, None), ("dapo", "token", None, 0.2, None),
+    ("cispo", "token", None, 1.0, None), ("cispo", "sequence", None, 0.4, None), ("dapo", "token", None, 1.0, 0.02),
+    ("grpo", "sequence", None, 0.4, 0.02), ("cispo", "token", None, 1.0, 0.02)])
+def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho, opsm):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
     # the settings config_from_grpo carries over: the loss and its gradient agree.
     import types
@@ -137,7 +138,7 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
 
     args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
                 loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta,
-                top_entropy_quantile=rho)
+                top_entropy_quantile=rho, off_policy_mask_threshold=opsm)
     a = config_from_grpo(args).algo
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
@@ -149,7 +150,7 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
                                      reduce=lambda x, reduction: x, pad_across_processes=lambda x, **_: x)
     trainer = types.SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *_, **__: (logp, entropy, None), args=args,
-        top_entropy_quantile=rho, off_policy_mask_threshold=None, importance_sampling_level=level, beta=0.0,
+        top_entropy_quantile=rho, off_policy_mask_threshold=opsm, importance_sampling_level=level, beta=0.0,
         loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False, model=types.SimpleNamespace(
             training=False), max_completion_length=5, accelerator=gathered, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)))
@@ -157,15 +158,17 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
               "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask, "advantages": adv,
               "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
     trainer.get_high_entropy_mask = lambda *a: trl.GRPOTrainer.get_high_entropy_mask(trainer, *a)
+    trainer.get_off_policy_mask = trl.GRPOTrainer.get_off_policy_mask
     theirs = trl.GRPOTrainer._compute_loss(trainer, None, inputs)
     (their_grad,) = torch.autograd.grad(theirs, logp)
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
-    ours, _ = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
-                                  a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
-                                  a.ratio_max, a.surrogate)
+    ours, stats = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
+                                      a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
+                                      a.ratio_max, a.surrogate, a.off_policy_mask)
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)
+    assert float(stats.get("masked", 0.0)) == (0.25 if opsm else 0.0)  # row 1 (A < 0, mean log-ratio 0.05) dropped
 
 
 @pytest.mark.parametrize("carry, make", [(config_from_grpo, grpo), (config_from_rloo, rloo)])

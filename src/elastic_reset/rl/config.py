@@ -223,6 +223,11 @@ class AlgoConfig(Section):
     """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
     1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends
     δ > 1 + ε_high). None: no cap, PPO's objective."""
+    off_policy_mask: PositiveFloat | None = None
+    """δ: with a ratio, a response with a negative advantage whose mean per-token log π_old − log π_θ exceeds δ
+    (the policy has moved away from it since it was sampled) adds nothing to the loss (DeepSeek-V3.2's off-policy
+    sequence masking, TRL's ``off_policy_mask_threshold``, e.g. 0.5; ``masked`` logs the share). Not ``ppo``.
+    None: off."""
     top_entropy_quantile: Annotated[float, Field(ge=0, le=1)] = 1.0
     """ρ: the policy gradient (and the entropy bonus) only from the top ρ share of a minibatch's tokens by the
     policy's entropy, the "forking" tokens; the others' terms are 0 (Wang et al. 2025, "Beyond the 80/20 rule":
@@ -461,6 +466,9 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.reward_aggregation == "sum" or a.name == "rloo", "algo.reward_aggregation",
          f"'normalize_then_sum' normalises each reward within a prompt's group of samples: algo.name rloo, not "
          f"{a.name!r}")
+    need(a.off_policy_mask is None or (a.ratio != "none" and a.name != "ppo"), "algo.off_policy_mask",
+         f"compares the policy with the one that sampled a response of one advantage: algo.ratio not none, and not "
+         f"ppo (got ratio {a.ratio!r}, algo {a.name!r})")
     clip = a.reward_clip_range
     need(clip is None or (len(clip) == 2 and clip[0] < clip[1]), "algo.reward_clip_range",
          f"expected [low, high] with low < high, got {clip}")

@@ -109,7 +109,6 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
         ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") in
          ("sum_then_normalize", "normalize_then_sum"), "sum_then_normalize or normalize_then_sum"),
-        ("off_policy_mask_threshold", get("off_policy_mask_threshold") is None, "not built here"),
         ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
     ])
     scale = get("scale_rewards", "group")
@@ -121,6 +120,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
             "loss_aggregation": LOSS_TYPES[loss_type], "surrogate": "cispo" if loss_type == "cispo" else "clip",
             "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
             "entropy_coef": get.number("entropy_coef", 0.0),
+            "off_policy_mask": get.number("off_policy_mask_threshold"),
             "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
     if get("multi_objective_aggregation", "sum_then_normalize") == "normalize_then_sum":  # GDPO: then over the batch
         algo.update(reward_aggregation="normalize_then_sum", scale_rewards="none", whiten_advantages=True)

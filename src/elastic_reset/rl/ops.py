@@ -371,6 +371,7 @@ def ppo_policy_loss(
     max_len: int | None = None,
     ratio_max: float | None = None,
     surrogate: str = "clip",
+    off_policy_mask: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
 
@@ -384,6 +385,10 @@ def ppo_policy_loss(
     mean above). ``logp`` carries the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as
     constants. ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's
     gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
+    ``off_policy_mask`` δ (rows of one advantage each): a row with a negative advantage whose mean token
+    log π_old − log π_θ exceeds δ adds nothing to the loss, its tokens still counted by the reduction
+    (DeepSeek-V3.2's off-policy sequence mask, TRL's ``off_policy_mask_threshold``; ``masked``: the share of rows
+    dropped).
 
     Stats (detached 0-dim tensors, so that logging syncs once, where the caller chooses):
     ``clipfrac``: share of real tokens where the clipped term is the one used (strictly larger);
@@ -406,19 +411,24 @@ def ppo_policy_loss(
     else:
         raise ValueError(f"level: expected token, sequence or sequence_sum, got {level!r}")
     high = clip_range if clip_range_high is None else clip_range_high
+    keep = torch.ones_like(log_ratio[:, :1])
+    if off_policy_mask is not None:  # a row's advantage is one number (a token's may be zeroed: its sum's sign)
+        gone = masked_mean(-log_ratio.detach(), m, dim=1) > off_policy_mask
+        keep = (~(gone & (masked_sum(adv, m, dim=1) < 0))).float()[:, None]
     if surrogate == "cispo":  # the capped ratio weighs REINFORCE's term as a constant (an advantage): none cut off
-        loss = policy_gradient_loss(logp, adv * ratio.clamp(max=high), m, how, max_len)
+        loss = policy_gradient_loss(logp, adv * keep * ratio.clamp(max=high), m, how, max_len)
         clipped = ratio > high
     else:
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
         pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
-        loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped), m, how, max_len)
+        loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped) * keep, m, how, max_len)
         clipped = pg_losses_clipped > pg_losses
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean(clipped.float(), m),
             "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, m),
             "ratio_mean": masked_mean(ratio, m),
+            **({"masked": 1.0 - keep.mean()} if off_policy_mask is not None else {}),
         }
     return loss, stats
 
