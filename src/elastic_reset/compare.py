@@ -56,8 +56,8 @@ from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.lm.device import resolve_device
 from elastic_reset.rl.checkpoint import latest_step
 from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
-from elastic_reset.rl.from_trl import config_from_recipe
 from elastic_reset.rl.distributed import is_main_process
+from elastic_reset.rl.from_trl import config_from_recipe
 
 DONE = "done"
 """Name of the marker file of a finished cell (JSON: the steps it finished at, and when)."""
