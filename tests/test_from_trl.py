@@ -52,21 +52,23 @@ def test_optimizer_steps_become_iterations_and_overrides_come_last():
 
 
 @pytest.mark.parametrize("loss_type, aggregation", [("dapo", "token"), ("bnpo", "token"), ("grpo", "sequence"),
-                                                     ("dr_grpo", "constant"), ("cispo", "token")])
+                                                     ("dr_grpo", "constant"), ("cispo", "token"),
+                                                     ("sapo", "sequence"), ("luspo", "sum")])
 def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, epsilon=0.2, epsilon_high=0.28,
                                    loss_type=loss_type, importance_sampling_level="sequence", delta=1.5))
     a = config.algo
     assert (a.ratio, a.clip_range, a.clip_range_high, a.ratio_max, a.loss_aggregation) == \
         ("sequence", 0.2, 0.28, 1.5, aggregation)
-    assert a.surrogate == ("cispo" if loss_type == "cispo" else "clip")
+    assert a.surrogate == (loss_type if loss_type in ("cispo", "sapo") else "clip")
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
     assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "token")
 
 
 @pytest.mark.parametrize("settings, pattern", [
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
-    ({"loss_type": "sapo"}, r"^GRPOConfig\.loss_type: 'sapo': one of dapo, bnpo, grpo, dr_grpo, cispo here"),
+    ({"loss_type": "vespo"}, r"^GRPOConfig\.loss_type: 'vespo': one of dapo, bnpo, grpo, dr_grpo, cispo, sapo, "
+                             r"luspo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
@@ -127,7 +129,9 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     ("dapo", "token", None, 1.0, None), ("bnpo", "sequence", None, 1.0, None), ("grpo", "token", 1.5, 1.0, None),
     ("grpo", "sequence", None, 0.4, None), ("dr_grpo", "token", None, 1.0, None), ("dapo", "token", None, 0.2, None),
     ("cispo", "token", None, 1.0, None), ("cispo", "sequence", None, 0.4, None), ("dapo", "token", None, 1.0, 0.02),
-    ("grpo", "sequence", None, 0.4, 0.02), ("cispo", "token", None, 1.0, 0.02)])
+    ("grpo", "sequence", None, 0.4, 0.02), ("cispo", "token", None, 1.0, 0.02), ("sapo", "token", None, 1.0, None),
+    ("sapo", "sequence", 1.5, 0.4, 0.02), ("luspo", "sequence", None, 1.0, None),
+    ("luspo", "sequence", 1.5, 0.4, 0.02)])
 def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho, opsm):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
     # the settings config_from_grpo carries over: the loss and its gradient agree.
@@ -138,7 +142,8 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
 
     args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
                 loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta,
-                top_entropy_quantile=rho, off_policy_mask_threshold=opsm)
+                top_entropy_quantile=rho, off_policy_mask_threshold=opsm, sapo_temperature_pos=0.8,
+                sapo_temperature_neg=1.2)
     a = config_from_grpo(args).algo
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
@@ -164,7 +169,8 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
     ours, stats = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
                                       a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
-                                      a.ratio_max, a.surrogate, a.off_policy_mask)
+                                      a.ratio_max, a.surrogate, a.off_policy_mask,
+                                      (a.sapo_temperature_pos, a.sapo_temperature_neg))
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)

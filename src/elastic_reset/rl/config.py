@@ -215,10 +215,15 @@ class AlgoConfig(Section):
     """The ratio clip ε: the ratio is clipped to [1 − ε, 1 + ε_high] (TRL's ``epsilon``)."""
     clip_range_high: PositiveFloat | None = None
     """ε_high, the upper clip (DAPO's clip-higher: 0.28; TRL's ``epsilon_high``). None: ``clip_range``."""
-    surrogate: Literal["clip", "cispo"] = "clip"
+    surrogate: Literal["clip", "cispo", "sapo"] = "clip"
     """With a ratio: ``clip``, PPO's clipped objective; ``cispo``, MiniMax-M1's CISPO (TRL's ``loss_type: cispo``),
     REINFORCE's −A·log π weighed by the ratio capped at ``clip_range_high`` and without gradient, so that no token's
-    gradient is cut off (ScaleRL recommends a cap of 5)."""
+    gradient is cut off (ScaleRL recommends a cap of 5); ``sapo``, SAPO's soft gate −A·σ(τ(ρ − 1))·4/τ in place of
+    the clip (TRL's ``loss_type: sapo``; τ: ``sapo_temperature_pos`` / ``_neg``)."""
+    sapo_temperature_pos: PositiveFloat = 1.0
+    """SAPO's τ where the advantage is positive (TRL's ``sapo_temperature_pos``)."""
+    sapo_temperature_neg: PositiveFloat = 1.05
+    """SAPO's τ elsewhere (TRL's ``sapo_temperature_neg``)."""
     ratio_max: Annotated[float, Field(gt=1)] | None = None
     """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
     1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends
@@ -232,11 +237,12 @@ class AlgoConfig(Section):
     """ρ: the policy gradient (and the entropy bonus) only from the top ρ share of a minibatch's tokens by the
     policy's entropy, the "forking" tokens; the others' terms are 0 (Wang et al. 2025, "Beyond the 80/20 rule":
     0.2; TRL's ``top_entropy_quantile``). 1: every token."""
-    loss_aggregation: Literal["token", "sequence", "constant"] = "token"
+    loss_aggregation: Literal["token", "sequence", "sum", "constant"] = "token"
     """How the policy loss of a minibatch's tokens becomes one number. ``token``: the mean over its tokens (TRL's
     ``loss_type`` ``dapo`` and ``bnpo``, as lm-human-preferences): a long response weighs by its length.
     ``sequence``: each response's mean, then the mean over responses (TRL's ``grpo``: short responses weigh more
-    per token). ``constant``: the sum over tokens / (responses × ``sampling.max_new_tokens``) (TRL's
+    per token). ``sum``: each response's sum, then the mean over responses (TRL's ``luspo``; REINFORCE's sequence
+    log-probability). ``constant``: the sum over tokens / (responses × ``sampling.max_new_tokens``) (TRL's
     ``dr_grpo``)."""
     clip_range_value: PositiveFloat | None = 0.2
     """PPO value clip (None: no clipping)."""
@@ -461,7 +467,7 @@ def _check_rules(config: TrainConfig) -> None:
          f"{a.epochs} passes over a batch need an importance ratio (algo.ratio: token, sequence or sequence_sum); "
          "the plain policy gradient (ratio: none) is on-policy, one pass")
     need(a.surrogate == "clip" or (a.ratio != "none" and a.name != "ppo"), "algo.surrogate",
-         f"'cispo' weighs the policy gradient by the ratio: algo.ratio not none, and not ppo (got ratio "
+         f"{a.surrogate!r} weighs the policy gradient by the ratio: algo.ratio not none, and not ppo (got ratio "
          f"{a.ratio!r}, algo {a.name!r})")
     need(a.reward_aggregation == "sum" or a.name == "rloo", "algo.reward_aggregation",
          f"'normalize_then_sum' normalises each reward within a prompt's group of samples: algo.name rloo, not "

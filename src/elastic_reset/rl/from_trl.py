@@ -27,9 +27,10 @@ from elastic_reset.tasks.prompts import source_option
 
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
-LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token"}
-"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (``cispo`` with ``algo.surrogate: cispo``,
-the others with the clipped ratio)."""
+LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token",
+              "sapo": "sequence", "luspo": "sum"}
+"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (``cispo`` and ``sapo`` with that
+``algo.surrogate``, the others with the clipped ratio)."""
 IGNORED = frozenset({
     # how TRL generates, batches, loads or logs: not about the method
     "model_init_kwargs", "trust_remote_code", "cast_lm_head_to_fp32", "ds3_gather_for_generation",
@@ -45,7 +46,7 @@ IGNORED = frozenset({
     # dropout is always off here (PPO's ratio compares the same weights); the KL is in the reward, not the loss
     "disable_dropout", "use_bias_correction_kl",
     # the settings of what is refused above when it is asked for (loss types, TR-DPO's sync, adaptive entropy)
-    "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
     "vespo_lambda_neg", "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max",
     "entropy_coef_delta", "entropy_target",
 })
@@ -117,7 +118,10 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         get.refuse("scale_rewards", f"{scale!r}: expected group, batch or none")
     algo = {"ratio": get("importance_sampling_level", "token"),
             "ratio_max": get.number("delta"),
-            "loss_aggregation": LOSS_TYPES[loss_type], "surrogate": "cispo" if loss_type == "cispo" else "clip",
+            "loss_aggregation": LOSS_TYPES[loss_type],
+            "surrogate": loss_type if loss_type in ("cispo", "sapo") else "clip",
+            "sapo_temperature_pos": get.number("sapo_temperature_pos", 1.0),
+            "sapo_temperature_neg": get.number("sapo_temperature_neg", 1.05),
             "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
             "entropy_coef": get.number("entropy_coef", 0.0),
             "off_policy_mask": get.number("off_policy_mask_threshold"),

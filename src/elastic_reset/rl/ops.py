@@ -324,17 +324,20 @@ def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token",
                 max_len: int | None = None) -> torch.Tensor:
     """A minibatch's per-token loss ``[B, T]`` as one number (``algo.loss_aggregation``): ``token``, the mean over
     its real tokens (TRL's ``dapo``/``bnpo``); ``sequence``, each row's mean, then the mean over rows (TRL's
-    ``grpo``); ``constant``, the sum / (B × ``max_len``) (TRL's ``dr_grpo``, ``max_len`` its
-    ``max_completion_length``). A row with no real token counts as a row of zeros."""
+    ``grpo``); ``sum``, each row's sum, then the mean over rows (TRL's ``luspo``); ``constant``, the sum / (B ×
+    ``max_len``) (TRL's ``dr_grpo``, ``max_len`` its ``max_completion_length``). A row with no real token counts as
+    a row of zeros."""
     if how == "token":
         return masked_mean(per_token, mask)
     if how == "sequence":
         return masked_mean(per_token, mask, dim=1).mean()
+    if how == "sum":
+        return masked_sum(per_token, mask, dim=1).mean()
     if how == "constant":
         if not max_len or max_len < 1:
             raise ValueError(f"max_len: expected a positive number of tokens for the constant, got {max_len}")
         return masked_sum(per_token, mask) / (per_token.shape[0] * max_len)
-    raise ValueError(f"how: expected token, sequence or constant, got {how!r}")
+    raise ValueError(f"how: expected token, sequence, sum or constant, got {how!r}")
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float,
@@ -372,6 +375,7 @@ def ppo_policy_loss(
     ratio_max: float | None = None,
     surrogate: str = "clip",
     off_policy_mask: float | None = None,
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
 
@@ -385,6 +389,8 @@ def ppo_policy_loss(
     mean above). ``logp`` carries the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as
     constants. ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's
     gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
+    ``surrogate="sapo"`` (SAPO, TRL's ``loss_type: sapo``): −A·σ(τ(ρ − 1))·4/τ, a soft gate in place of the clip,
+    τ the first of ``sapo_temperatures`` where A > 0, the second elsewhere (``clipfrac`` 0; no ε plays a part).
     ``off_policy_mask`` δ (rows of one advantage each): a row with a negative advantage whose mean token
     log π_old − log π_θ exceeds δ adds nothing to the loss, its tokens still counted by the reduction
     (DeepSeek-V3.2's off-policy sequence mask, TRL's ``off_policy_mask_threshold``; ``masked``: the share of rows
@@ -418,6 +424,10 @@ def ppo_policy_loss(
     if surrogate == "cispo":  # the capped ratio weighs REINFORCE's term as a constant (an advantage): none cut off
         loss = policy_gradient_loss(logp, adv * keep * ratio.clamp(max=high), m, how, max_len)
         clipped = ratio > high
+    elif surrogate == "sapo":  # its gradient, A·ρ·σ'(τ(ρ − 1))·4, is A·ρ at ρ = 1 and fades smoothly away from it
+        tau = torch.where(adv > 0, *(torch.tensor(t, dtype=adv.dtype, device=adv.device) for t in sapo_temperatures))
+        loss = reduce_loss(-adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau * keep, m, how, max_len)
+        clipped = torch.zeros_like(m)
     else:
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
         pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
