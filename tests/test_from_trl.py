@@ -53,22 +53,22 @@ def test_optimizer_steps_become_iterations_and_overrides_come_last():
 
 @pytest.mark.parametrize("loss_type, aggregation", [("dapo", "token"), ("bnpo", "token"), ("grpo", "sequence"),
                                                      ("dr_grpo", "constant"), ("cispo", "token"),
-                                                     ("sapo", "sequence"), ("luspo", "sum")])
+                                                     ("sapo", "sequence"), ("luspo", "sum"), ("vespo", "token")])
 def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, epsilon=0.2, epsilon_high=0.28,
                                    loss_type=loss_type, importance_sampling_level="sequence", delta=1.5))
     a = config.algo
     assert (a.ratio, a.clip_range, a.clip_range_high, a.ratio_max, a.loss_aggregation) == \
         ("sequence", 0.2, 0.28, 1.5, aggregation)
-    assert a.surrogate == (loss_type if loss_type in ("cispo", "sapo") else "clip")
+    assert a.surrogate == (loss_type if loss_type in ("cispo", "sapo", "vespo") else "clip")
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
     assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "token")
 
 
 @pytest.mark.parametrize("settings, pattern", [
     ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
-    ({"loss_type": "vespo"}, r"^GRPOConfig\.loss_type: 'vespo': one of dapo, bnpo, grpo, dr_grpo, cispo, sapo, "
-                             r"luspo here"),
+    ({"loss_type": "gpg"}, r"^GRPOConfig\.loss_type: 'gpg': one of dapo, bnpo, grpo, dr_grpo, cispo, sapo, luspo, "
+                           r"vespo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
@@ -131,7 +131,7 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     ("cispo", "token", None, 1.0, None), ("cispo", "sequence", None, 0.4, None), ("dapo", "token", None, 1.0, 0.02),
     ("grpo", "sequence", None, 0.4, 0.02), ("cispo", "token", None, 1.0, 0.02), ("sapo", "token", None, 1.0, None),
     ("sapo", "sequence", 1.5, 0.4, 0.02), ("luspo", "sequence", None, 1.0, None),
-    ("luspo", "sequence", 1.5, 0.4, 0.02)])
+    ("luspo", "sequence", 1.5, 0.4, 0.02), ("vespo", "token", None, 1.0, None), ("vespo", "sequence", None, 0.4, 0.02)])
 def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho, opsm):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
     # the settings config_from_grpo carries over: the loss and its gradient agree.
@@ -143,7 +143,7 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
                 loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta,
                 top_entropy_quantile=rho, off_policy_mask_threshold=opsm, sapo_temperature_pos=0.8,
-                sapo_temperature_neg=1.2)
+                sapo_temperature_neg=1.2, vespo_k_pos=1.5, vespo_lambda_pos=2.5, vespo_k_neg=2.0, vespo_lambda_neg=1.0)
     a = config_from_grpo(args).algo
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
@@ -164,13 +164,15 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
               "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
     trainer.get_high_entropy_mask = lambda *a: trl.GRPOTrainer.get_high_entropy_mask(trainer, *a)
     trainer.get_off_policy_mask = trl.GRPOTrainer.get_off_policy_mask
+    trainer.get_gamma_weights = trl.GRPOTrainer.get_gamma_weights
     theirs = trl.GRPOTrainer._compute_loss(trainer, None, inputs)
     (their_grad,) = torch.autograd.grad(theirs, logp)
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
     ours, stats = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
                                       a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
                                       a.ratio_max, a.surrogate, a.off_policy_mask,
-                                      (a.sapo_temperature_pos, a.sapo_temperature_neg))
+                                      (a.sapo_temperature_pos, a.sapo_temperature_neg),
+                                      (a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg))
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)

@@ -215,15 +215,25 @@ class AlgoConfig(Section):
     """The ratio clip ε: the ratio is clipped to [1 − ε, 1 + ε_high] (TRL's ``epsilon``)."""
     clip_range_high: PositiveFloat | None = None
     """ε_high, the upper clip (DAPO's clip-higher: 0.28; TRL's ``epsilon_high``). None: ``clip_range``."""
-    surrogate: Literal["clip", "cispo", "sapo"] = "clip"
+    surrogate: Literal["clip", "cispo", "sapo", "vespo"] = "clip"
     """With a ratio: ``clip``, PPO's clipped objective; ``cispo``, MiniMax-M1's CISPO (TRL's ``loss_type: cispo``),
     REINFORCE's −A·log π weighed by the ratio capped at ``clip_range_high`` and without gradient, so that no token's
     gradient is cut off (ScaleRL recommends a cap of 5); ``sapo``, SAPO's soft gate −A·σ(τ(ρ − 1))·4/τ in place of
-    the clip (TRL's ``loss_type: sapo``; τ: ``sapo_temperature_pos`` / ``_neg``)."""
+    the clip (TRL's ``loss_type: sapo``; τ: ``sapo_temperature_pos`` / ``_neg``); ``vespo``, VESPO's −φ(w)·A·log π,
+    φ a gamma-shaped weight of the whole sequence's ratio w, without gradient (TRL's ``loss_type: vespo``; its shape:
+    ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg``)."""
     sapo_temperature_pos: PositiveFloat = 1.0
     """SAPO's τ where the advantage is positive (TRL's ``sapo_temperature_pos``)."""
     sapo_temperature_neg: PositiveFloat = 1.05
     """SAPO's τ elsewhere (TRL's ``sapo_temperature_neg``)."""
+    vespo_k_pos: NonNegativeFloat = 2.0
+    """VESPO's k where the advantage is ≥ 0: φ(w) = e^λ·w^k·e^(−λw) (TRL's ``vespo_k_pos``)."""
+    vespo_lambda_pos: NonNegativeFloat = 3.0
+    """VESPO's λ where the advantage is ≥ 0 (TRL's ``vespo_lambda_pos``)."""
+    vespo_k_neg: NonNegativeFloat = 3.0
+    """VESPO's k where the advantage is negative (TRL's ``vespo_k_neg``)."""
+    vespo_lambda_neg: NonNegativeFloat = 2.0
+    """VESPO's λ where the advantage is negative (TRL's ``vespo_lambda_neg``)."""
     ratio_max: Annotated[float, Field(gt=1)] | None = None
     """δ, a cap on the unclipped ratio too, so that a token with a negative advantage and a ratio far above
     1 + ε_high cannot pull without bound (INTELLECT-2's two-sided clipping; TRL's ``delta``, which recommends

@@ -28,9 +28,10 @@ from elastic_reset.tasks.prompts import source_option
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
 LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token",
-              "sapo": "sequence", "luspo": "sum"}
-"""TRL's ``loss_type`` values built here, as ``algo.loss_aggregation`` (``cispo`` and ``sapo`` with that
+              "sapo": "sequence", "luspo": "sum", "vespo": "token"}
+"""TRL's ``loss_type`` values, as ``algo.loss_aggregation`` (``cispo``, ``sapo`` and ``vespo`` with that
 ``algo.surrogate``, the others with the clipped ratio)."""
+SURROGATES = ("cispo", "sapo", "vespo")
 IGNORED = frozenset({
     # how TRL generates, batches, loads or logs: not about the method
     "model_init_kwargs", "trust_remote_code", "cast_lm_head_to_fp32", "ds3_gather_for_generation",
@@ -45,10 +46,9 @@ IGNORED = frozenset({
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
     # dropout is always off here (PPO's ratio compares the same weights); the KL is in the reward, not the loss
     "disable_dropout", "use_bias_correction_kl",
-    # the settings of what is refused above when it is asked for (loss types, TR-DPO's sync, adaptive entropy)
-    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-    "vespo_lambda_neg", "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max",
-    "entropy_coef_delta", "entropy_target",
+    # the settings of what is refused above when it is asked for (TR-DPO's sync, adaptive entropy)
+    "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
+    "entropy_target",
 })
 """``GRPOConfig``'s and ``RLOOConfig``'s own settings that make no difference here. Any other one that is not read
 (one a newer TRL added) is refused unless it is at its default."""
@@ -119,9 +119,10 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     algo = {"ratio": get("importance_sampling_level", "token"),
             "ratio_max": get.number("delta"),
             "loss_aggregation": LOSS_TYPES[loss_type],
-            "surrogate": loss_type if loss_type in ("cispo", "sapo") else "clip",
-            "sapo_temperature_pos": get.number("sapo_temperature_pos", 1.0),
-            "sapo_temperature_neg": get.number("sapo_temperature_neg", 1.05),
+            "surrogate": loss_type if loss_type in SURROGATES else "clip",
+            **{name: get.number(name, default) for name, default in (
+                ("sapo_temperature_pos", 1.0), ("sapo_temperature_neg", 1.05), ("vespo_k_pos", 2.0),
+                ("vespo_lambda_pos", 3.0), ("vespo_k_neg", 3.0), ("vespo_lambda_neg", 2.0))},
             "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
             "entropy_coef": get.number("entropy_coef", 0.0),
             "off_policy_mask": get.number("off_policy_mask_threshold"),

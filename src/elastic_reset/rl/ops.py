@@ -376,6 +376,7 @@ def ppo_policy_loss(
     surrogate: str = "clip",
     off_policy_mask: float | None = None,
     sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, as in lm-human-preference-details / CleanRL:
 
@@ -391,6 +392,8 @@ def ppo_policy_loss(
     gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
     ``surrogate="sapo"`` (SAPO, TRL's ``loss_type: sapo``): −A·σ(τ(ρ − 1))·4/τ, a soft gate in place of the clip,
     τ the first of ``sapo_temperatures`` where A > 0, the second elsewhere (``clipfrac`` 0; no ε plays a part).
+    ``surrogate="vespo"`` (VESPO, TRL's ``loss_type: vespo``): −sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(−λw) of the
+    whole sequence's ratio w, (k, λ) the first or the last two of ``vespo`` as A ≥ 0 or not.
     ``off_policy_mask`` δ (rows of one advantage each): a row with a negative advantage whose mean token
     log π_old − log π_θ exceeds δ adds nothing to the loss, its tokens still counted by the reduction
     (DeepSeek-V3.2's off-policy sequence mask, TRL's ``off_policy_mask_threshold``; ``masked``: the share of rows
@@ -427,6 +430,14 @@ def ppo_policy_loss(
     elif surrogate == "sapo":  # its gradient, A·ρ·σ'(τ(ρ − 1))·4, is A·ρ at ρ = 1 and fades smoothly away from it
         tau = torch.where(adv > 0, *(torch.tensor(t, dtype=adv.dtype, device=adv.device) for t in sapo_temperatures))
         loss = reduce_loss(-adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau * keep, m, how, max_len)
+        clipped = torch.zeros_like(m)
+    elif surrogate == "vespo":  # a gamma-shaped weight of the whole sequence's ratio, as a constant (no gradient)
+        log_w = masked_sum(log_ratio.detach().clamp(-20.0, 20.0), m, dim=1).clamp(math.log(1e-8), 20.0)[:, None]
+        positive = masked_sum(adv, m, dim=1)[:, None] >= 0
+        k = torch.where(positive, vespo[0], vespo[2])
+        lam = torch.where(positive, vespo[1], vespo[3]).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        loss = policy_gradient_loss(logp, adv * keep * phi, m, how, max_len)
         clipped = torch.zeros_like(m)
     else:
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
