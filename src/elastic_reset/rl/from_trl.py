@@ -292,7 +292,6 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                                                           "reward_weights=[...])"),
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
-        ("warmup_ratio", not get("warmup_ratio", 0.0), "give warmup_steps instead"),
         ("shuffle_dataset", get("shuffle_dataset", True), "prompts are always drawn in a seeded shuffle here"),
         ("fp16", not get("fp16"), "bf16 or full precision here (model.autocast)"),
         ("resume_from_checkpoint", not get("resume_from_checkpoint"), "continue a run with elastic-reset train "
