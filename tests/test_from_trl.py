@@ -211,6 +211,16 @@ def test_a_setting_this_version_does_not_know_is_refused_unless_at_its_default()
         config_from_grpo(NewerGRPOConfig(**settings, dynamic_sampling=True))
 
 
+def test_trdpos_reference_sync_carries_over_as_the_anchor_method():
+    config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, beta=0.04, sync_ref_model=True,
+                                   ref_model_mixup_alpha=0.9, ref_model_sync_steps=64, steps_per_generation=2))
+    m = config.method  # 2 optimizer steps an iteration: a sync every 32 iterations
+    assert (m.name, m.preset, m.alpha, m.every, config.kl.coef) == ("anchor", "ref_sync", 0.9, 32, 0.04)
+    with pytest.raises(ConfigError, match=r"^GRPOConfig\.ref_model_sync_steps: 63 optimizer steps are not whole "):
+        config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, beta=0.04, sync_ref_model=True,
+                              ref_model_sync_steps=63, steps_per_generation=2))
+
+
 def test_a_schedule_with_its_settings_carries_over():
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, lr_scheduler_type="cosine_with_min_lr",
                               lr_scheduler_kwargs={"min_lr_rate": 0.1})).algo

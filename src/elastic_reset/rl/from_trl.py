@@ -46,9 +46,8 @@ IGNORED = frozenset({
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
     # dropout is always off here (PPO's ratio compares the same weights); the KL is in the reward, not the loss
     "disable_dropout", "use_bias_correction_kl",
-    # the settings of what is refused above when it is asked for (TR-DPO's sync, adaptive entropy)
-    "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
-    "entropy_target",
+    # the settings of what is refused above when it is asked for (adaptive entropy)
+    "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
 })
 """``GRPOConfig``'s and ``RLOOConfig``'s own settings that make no difference here. Any other one that is not read
 (one a newer TRL added) is refused unless it is at its default."""
@@ -286,8 +285,6 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
         ("optim", str(get("optim", "adamw_torch")).startswith("adamw_torch"), "only AdamW (adamw_torch) here"),
         ("lr_scheduler_type", get("lr_scheduler_type", "linear") in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
         ("generation_kwargs", not get("generation_kwargs"), "set the sampling.* settings instead"),
-        ("sync_ref_model", not get("sync_ref_model"), "TR-DPO's reference sync is method.name anchor with "
-                                                      "method.preset ref_sync"),
         ("reward_weights", get("reward_weights") is None, "give it to the prompts task: get_task('prompts', ..., "
                                                           "reward_weights=[...])"),
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
@@ -302,6 +299,11 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
     for name, value in (("save_strategy", save), ("eval_strategy", evaluate)):
         if value not in ("steps", "no"):
             get.refuse(name, f"{value!r}: only steps (or no) has a counterpart here")
+    method = {"name": "kl" if beta > 0 else "none"}
+    alpha, sync_steps = get.number("ref_model_mixup_alpha", 0.6), get.number("ref_model_sync_steps", 512, int)
+    if get("sync_ref_model"):  # TR-DPO: the KL reference pulled towards the policy every so many steps
+        method = {"name": "anchor", "preset": "ref_sync", "alpha": alpha,
+                  "every": iterations("ref_model_sync_steps", sync_steps)}
     hub = (get("hub_model_id") or Path(get("output_dir") or ".").resolve().name) if get("push_to_hub") else None
     report = get("report_to") or []
     report = [report] if isinstance(report, str) else list(report)
@@ -320,7 +322,7 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                  "clip_range_high": get.number("epsilon_high"),
                  "mask_truncated_completions": bool(get("mask_truncated_completions", False)), **algo},
         "kl": {"coef": beta, "target": None, "estimator": estimator},
-        "method": {"name": "kl" if beta > 0 else "none"},
+        "method": method,
         "sampling": {"max_new_tokens": get.number("max_completion_length", 256, int),
                      "temperature": get.number("temperature", 1.0), "top_p": get.number("top_p", 1.0),
                      "top_k": get.number("top_k", None, int) or 0, "min_p": get.number("min_p") or 0.0,
