@@ -120,6 +120,8 @@ VARIANTS = {f"method={m}": [f"method.name={m}"] for m in METHODS} | {
     "rloo": ["algo.name=rloo"],
     "cosine-schedule+warmup": ["algo.lr_scheduler=cosine", "algo.warmup_steps=1"],
     "reinforce+adaptive-kl": ["algo.name=reinforce", "kl.target=1.0"],
+    "rloo+adaptive-entropy": ["algo.name=rloo", "algo.entropy_coef=0.01", "algo.entropy_target=100",
+                              "algo.entropy_coef_delta=0.01"],
     "lora+ema-epoch+reset-optimizer": ["model.lora.r=4", "model.lora.alpha=8", "method.ema_update=epoch",
                                        "method.reset_optimizer=true"],
 }

@@ -71,7 +71,6 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
                            r"vespo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
-    ({"use_adaptive_entropy": True}, r"^GRPOConfig\.use_adaptive_entropy: True: give a fixed entropy_coef"),
     ({"shuffle_dataset": False}, r"^GRPOConfig\.shuffle_dataset: False: prompts are always drawn"),
     ({"save_strategy": "epoch"}, r"^GRPOConfig\.save_strategy: 'epoch': only steps"),
     ({"num_iterations": 2, "save_steps": 3}, r"^GRPOConfig\.save_steps: 3 optimizer steps are not whole iterations "
@@ -227,9 +226,13 @@ def test_a_schedule_with_its_settings_carries_over():
     assert (a.lr_scheduler, a.lr_scheduler_kwargs) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})
 
 
-def test_the_entropy_bonus_carries_over():
-    assert config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo \
-        .entropy_coef == 0.01
+def test_the_entropy_bonus_carries_over_fixed_or_adaptive():
+    a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01)).algo
+    assert (a.entropy_coef, a.entropy_target) == (0.01, None)
+    a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, entropy_coef=0.01,
+                              use_adaptive_entropy=True, entropy_target=0.5, entropy_coef_max=0.1)).algo
+    assert (a.entropy_coef, a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min, a.entropy_coef_max) == \
+        (0.01, 0.5, 0.005, 0.0, 0.1)
 
 
 def test_the_settings_an_rloo_user_has_carry_over():

@@ -527,3 +527,17 @@ def refused(*overrides: str) -> str:
 ])
 def test_the_config_refuses_the_settings_ops_does_not_check(overrides, key):
     assert refused(*overrides).startswith(f"{key}: ")
+
+
+def test_the_adaptive_entropy_weight_moves_by_its_step_within_bounds_and_acts_below_the_target():
+    from elastic_reset.rl.ops import AdaptiveEntropyCoef
+
+    ctl = AdaptiveEntropyCoef(0.1, target=1.0, delta=0.05, low=0.0, high=0.12)
+    assert ctl.applied == 0.0  # no step measured yet: TRL's last entropy starts at +inf
+    assert ctl.update(0.5) == 0.12 and ctl.applied == 0.12  # at or below the target: up, to the ceiling
+    assert close(ctl.update(2.0), 0.07) and ctl.applied == 0.0  # above it: down, and no bonus next step
+    assert close(ctl.update(3.0), 0.02) and ctl.update(3.0) == 0.0  # down to the floor
+    again = AdaptiveEntropyCoef(0.5, 1.0, 0.05, 0.0, 1.0)
+    again.load_state_dict(ctl.state_dict())
+    assert (again.coef, again.last, again.applied) == (0.0, 3.0, 0.0)
+

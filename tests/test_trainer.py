@@ -540,3 +540,12 @@ def test_a_kl_outside_the_reward_is_computed_only_when_logged(tmp_path, method, 
     records = trainer.train()
     assert calls == logged  # the reference forward runs only then (β > 0: always, it is in the reward)
     assert [r["step"] for r in records if "kl" in r] == logged
+
+
+def test_an_adaptive_entropy_weight_is_logged_as_it_moves(tmp_path):
+    # every token entropy of a byte-level model is far below 100 nats: the weight rises by its step each update
+    config = tiny_config("steps=3", "algo.name=rloo", "algo.samples_per_prompt=2", "algo.epochs=1",
+                         "algo.minibatch_size=8", "algo.entropy_target=100", "algo.entropy_coef_delta=0.01",
+                         "algo.entropy_coef_max=0.025")
+    records = [r for r in RLTrainer(config, tmp_path / "run").train() if "entropy_coef" in r]
+    assert [r["entropy_coef"] for r in records] == pytest.approx([0.01, 0.02, 0.025])

@@ -283,7 +283,18 @@ class AlgoConfig(Section):
     (+ 1e-4), as TRL's GRPO (``scale_rewards: group``, its default); with ``whiten_advantages: false`` that is GRPO's
     advantage times RLOO's k/(k − 1)."""
     entropy_coef: NonNegativeFloat = 0.0
-    """Entropy bonus weight."""
+    """Entropy bonus weight (its start, with ``entropy_target``)."""
+    entropy_target: PositiveFloat | None = None
+    """An adaptive entropy bonus (TRL's ``use_adaptive_entropy`` and ``entropy_target``): after each optimizer step
+    the weight moves by ``entropy_coef_delta``, up when the step's mean token entropy was at or below this target
+    and down otherwise, within [``entropy_coef_min``, ``entropy_coef_max``], and the bonus acts only while the last
+    step's entropy was at or below the target (``entropy_coef`` logs the weight). None: the fixed ``entropy_coef``."""
+    entropy_coef_delta: NonNegativeFloat = 0.005
+    """The adaptive weight's step (TRL's ``entropy_coef_delta``)."""
+    entropy_coef_min: NonNegativeFloat = 0.0
+    """The adaptive weight's floor (TRL's ``entropy_coef_min``)."""
+    entropy_coef_max: NonNegativeFloat = 1.0
+    """The adaptive weight's ceiling (TRL's ``entropy_coef_max``)."""
     baseline_decay: Annotated[float, Field(gt=0, lt=1)] = 0.9
     """REINFORCE: decay of the moving-average reward baseline."""
     max_grad_norm: PositiveFloat | None = 1.0
@@ -485,6 +496,8 @@ def _check_rules(config: TrainConfig) -> None:
     need(a.off_policy_mask is None or (a.ratio != "none" and a.name != "ppo"), "algo.off_policy_mask",
          f"compares the policy with the one that sampled a response of one advantage: algo.ratio not none, and not "
          f"ppo (got ratio {a.ratio!r}, algo {a.name!r})")
+    need(a.entropy_coef_min <= a.entropy_coef_max, "algo.entropy_coef_min",
+         f"{a.entropy_coef_min} exceeds algo.entropy_coef_max {a.entropy_coef_max}")
     clip = a.reward_clip_range
     need(clip is None or (len(clip) == 2 and clip[0] < clip[1]), "algo.reward_clip_range",
          f"expected [low, high] with low < high, got {clip}")

@@ -46,8 +46,6 @@ IGNORED = frozenset({
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
     # dropout is always off here (PPO's ratio compares the same weights); the KL is in the reward, not the loss
     "disable_dropout", "use_bias_correction_kl",
-    # the settings of what is refused above when it is asked for (adaptive entropy)
-    "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
 })
 """``GRPOConfig``'s and ``RLOOConfig``'s own settings that make no difference here. Any other one that is not read
 (one a newer TRL added) is refused unless it is at its default."""
@@ -106,7 +104,6 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         ("loss_type", loss_type in LOSS_TYPES, f"one of {', '.join(LOSS_TYPES)} here"),
         ("importance_sampling_level", get("importance_sampling_level", "token") in ("token", "sequence"),
          "token or sequence"),
-        ("use_adaptive_entropy", not get("use_adaptive_entropy"), "give a fixed entropy_coef"),
         ("multi_objective_aggregation", get("multi_objective_aggregation", "sum_then_normalize") in
          ("sum_then_normalize", "normalize_then_sum"), "sum_then_normalize or normalize_then_sum"),
         ("max_tool_calling_iterations", get("max_tool_calling_iterations") is None, "no tool calls here"),
@@ -124,8 +121,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
                 ("vespo_lambda_pos", 3.0), ("vespo_k_neg", 3.0), ("vespo_lambda_neg", 2.0))},
             "top_entropy_quantile": get.number("top_entropy_quantile", 1.0),
             "entropy_coef": get.number("entropy_coef", 0.0),
+            **{f"entropy_{name}": get.number(f"entropy_{name}", default) for name, default in (
+                ("target", 0.2), ("coef_delta", 0.005), ("coef_min", 0.0), ("coef_max", 1.0))},
             "off_policy_mask": get.number("off_policy_mask_threshold"),
             "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
+    if not get("use_adaptive_entropy"):
+        algo["entropy_target"] = None  # a fixed entropy_coef
     if get("multi_objective_aggregation", "sum_then_normalize") == "normalize_then_sum":  # GDPO: then over the batch
         algo.update(reward_aggregation="normalize_then_sum", scale_rewards="none", whiten_advantages=True)
     return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3")

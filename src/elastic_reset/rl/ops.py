@@ -251,6 +251,34 @@ class FixedKLController(_KLController):
         return f"FixedKLController(value={self.value:g})"
 
 
+class AdaptiveEntropyCoef:
+    """TRL's adaptive entropy bonus (``use_adaptive_entropy``): after each optimizer step the coefficient moves by
+    ``delta``, up when that step's mean token entropy was at or below ``target`` and down otherwise, within
+    [``low``, ``high``]; the bonus (:attr:`applied`) acts only while the last step's entropy was at or below the
+    target, so not at the first step."""
+
+    def __init__(self, coef: float, target: float, delta: float, low: float, high: float) -> None:
+        self.coef, self.target, self.delta, self.low, self.high = map(float, (coef, target, delta, low, high))
+        self.last = math.inf
+
+    @property
+    def applied(self) -> float:
+        return self.coef if self.last <= self.target else 0.0
+
+    def update(self, entropy: float) -> float:
+        """After an optimizer step whose mean token entropy was ``entropy``; returns the new coefficient."""
+        up = entropy <= self.target
+        self.coef = min(self.coef + self.delta, self.high) if up else max(self.coef - self.delta, self.low)
+        self.last = float(entropy)
+        return self.coef
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef, "last": self.last}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.coef, self.last = float(state["coef"]), float(state["last"])
+
+
 def _load_coef(state: Mapping[str, Any]) -> float:
     if not isinstance(state, Mapping) or "value" not in state:
         raise ValueError("state: expected a mapping with key 'value' (from state_dict())")

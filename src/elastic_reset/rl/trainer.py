@@ -127,6 +127,10 @@ class RLTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=config.algo.lr, eps=config.algo.adam_eps,
                                            betas=(0.9, config.algo.adam_beta2), weight_decay=config.algo.weight_decay)
         self.scheduler = None if config.algo.lr_scheduler == "constant" else self._build_scheduler()
+        a = config.algo
+        self.entropy_ctl = (ops.AdaptiveEntropyCoef(a.entropy_coef, a.entropy_target, a.entropy_coef_delta,
+                                                    a.entropy_coef_min, a.entropy_coef_max)
+                            if a.entropy_target is not None else None)
         self.kl_ctl = (ops.AdaptiveKLController(config.kl.coef, config.kl.target, config.kl.horizon)
                        if config.kl.target is not None else ops.FixedKLController(config.kl.coef))
         self.method = build_method(config.method)
@@ -461,7 +465,7 @@ class RLTrainer:
     def _policy_forward(self, rollout: Rollout) -> ResponseOutput:
         """The update's forward, with grad: log-probs, entropy and (PPO) the hidden states for values."""
         return self.policy.score(rollout, hidden=self.value_head is not None, entropy=True,
-                                 entropy_grad=bool(self.config.algo.entropy_coef))
+                                 entropy_grad=bool(self.config.algo.entropy_coef) or self.entropy_ctl is not None)
 
     def _update(self, rollout: Rollout, mb: Minibatch, out: ResponseOutput | None = None) -> dict[str, float]:
         """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run."""
@@ -474,8 +478,9 @@ class RLTrainer:
         loss, stats = self.estimator.loss(out, mb)
         entropy = ops.masked_mean(out.entropy, mb.mask)
         stats["entropy"] = float(entropy.detach())
-        if c.entropy_coef:  # the bonus over the tokens the policy loss acts on, as TRL's
-            loss = loss - c.entropy_coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
+        coef = c.entropy_coef if self.entropy_ctl is None else self.entropy_ctl.applied
+        if coef:  # the bonus over the tokens the policy loss acts on, as TRL's
+            loss = loss - coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
         extra = self.method.extra_loss()
         if extra is not None:
             loss = loss + extra[0]
@@ -498,6 +503,9 @@ class RLTrainer:
         stats["grad_norm"] = float(grad_norm)
         self.optimizer.step()
         self.method.on_optimizer_step()
+        if self.entropy_ctl is not None:  # the step's token entropy, every rank's, where the bonus acts
+            acting = mb.mask.bool() if high is None else high
+            stats["entropy_coef"] = self.entropy_ctl.update(self.dp.mean_of(out.entropy.detach()[acting]))
         return {key: float(value) for key, value in stats.items()}
 
     def _check_finite(self, what: str, value: torch.Tensor) -> None:
@@ -529,6 +537,7 @@ class RLTrainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "kl_ctl": self.kl_ctl.state_dict(),
+            **({"entropy_ctl": self.entropy_ctl.state_dict()} if self.entropy_ctl is not None else {}),
             **self.estimator.state_dict(),
             "method": self.method.state_dict(),
             "rehearsal": self.rehearsal.state_dict() if self.rehearsal is not None else None,
@@ -557,6 +566,8 @@ class RLTrainer:
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.entropy_ctl is not None:
+            self.entropy_ctl.load_state_dict(state["entropy_ctl"])
         self.estimator.load_state_dict(state)
         self.method.load_state_dict(state["method"])
         if self.rehearsal is not None:
