@@ -167,11 +167,12 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     theirs = trl.GRPOTrainer._compute_loss(trainer, None, inputs)
     (their_grad,) = torch.autograd.grad(theirs, logp)
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
-    ours, stats = ops.ppo_policy_loss(logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range,
-                                      a.clip_range_high, a.ratio, a.loss_aggregation, args.max_completion_length,
-                                      a.ratio_max, a.surrogate, a.off_policy_mask,
-                                      (a.sapo_temperature_pos, a.sapo_temperature_neg),
-                                      (a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg))
+    ours, stats = ops.ppo_policy_loss(
+        logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range, clip_range_high=a.clip_range_high,
+        level=a.ratio, how=a.loss_aggregation, max_len=args.max_completion_length, ratio_max=a.ratio_max,
+        surrogate=a.surrogate, off_policy_mask=a.off_policy_mask,
+        sapo_temperatures=(a.sapo_temperature_pos, a.sapo_temperature_neg),
+        vespo=(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg))
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)
@@ -285,8 +286,8 @@ def test_our_policy_loss_is_the_one_rloo_trainer_computes(noise, epsilon_high):
               "old_logps": (old * mask).sum(1)}
     theirs = trl.RLOOTrainer._compute_loss(trainer, None, inputs)
     (their_grad,) = torch.autograd.grad(theirs, logp)
-    ours, stats = ops.ppo_policy_loss(logp, old, adv[:, None].expand(4, 5), mask, a.clip_range, a.clip_range_high,
-                                      a.ratio, a.loss_aggregation)
+    ours, stats = ops.ppo_policy_loss(logp, old, adv[:, None].expand(4, 5), mask, a.clip_range,
+                                      clip_range_high=a.clip_range_high, level=a.ratio, how=a.loss_aggregation)
     (our_grad,) = torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(our_grad, their_grad)

@@ -87,11 +87,12 @@ class Estimator:
             loss, stats = ops.policy_gradient_loss(out.logprobs, mb.advantages, mb.mask, c.loss_aggregation,
                                                    self.max_new_tokens), {}
         else:
-            loss, stats = ops.ppo_policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, mb.mask, c.clip_range,
-                                              c.clip_range_high, c.ratio, c.loss_aggregation, self.max_new_tokens,
-                                              c.ratio_max, c.surrogate, c.off_policy_mask,
-                                              (c.sapo_temperature_pos, c.sapo_temperature_neg),
-                                              (c.vespo_k_pos, c.vespo_lambda_pos, c.vespo_k_neg, c.vespo_lambda_neg))
+            loss, stats = ops.ppo_policy_loss(
+                out.logprobs, mb.old_logprobs, mb.advantages, mb.mask, c.clip_range, clip_range_high=c.clip_range_high,
+                level=c.ratio, how=c.loss_aggregation, max_len=self.max_new_tokens, ratio_max=c.ratio_max,
+                surrogate=c.surrogate, off_policy_mask=c.off_policy_mask,
+                sapo_temperatures=(c.sapo_temperature_pos, c.sapo_temperature_neg),
+                vespo=(c.vespo_k_pos, c.vespo_lambda_pos, c.vespo_k_neg, c.vespo_lambda_neg))
         return loss, {**stats, "policy_loss": float(loss.detach())}
 
     def state_dict(self) -> dict[str, Any]:
