@@ -475,3 +475,19 @@ def test_gdpos_reward_is_the_one_grpo_trainer_computes():
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8,
                               multi_objective_aggregation="normalize_then_sum")).algo
     assert (a.reward_aggregation, a.scale_rewards, a.whiten_advantages) == ("normalize_then_sum", "none", True)
+
+
+def test_print_config_shows_what_a_recipe_would_train_with_and_writes_nothing(recipe, tmp_path, capsys):
+    import yaml
+
+    from elastic_reset.cli import main
+
+    path = recipe()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["train", str(path), "--trl", "rloo", "--print-config", "--set", "method.name=elastic_reset"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert (shown["method"]["name"], shown["model"]["lora"]["r"], shown["algo"]["ratio"], shown["kl"]["coef"]) == \
+        ("elastic_reset", 4, "sequence_sum", 0.02)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert main(["train", str(path), "--trl", "rloo"]) == 2
+    assert "--out: the run directory is required" in capsys.readouterr().err

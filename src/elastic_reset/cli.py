@@ -1,7 +1,7 @@
 """``elastic-reset``: the command line.
 
     elastic-reset train CONFIG.yaml --out RUN_DIR [--resume] [--set key=value ...]
-                  [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...] [--trl grpo|rloo]
+                  [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...] [--trl grpo|rloo] [--print-config]
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
                   [--score reward|task_bleu] [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
@@ -70,7 +70,8 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from elastic_reset.rl.config import load_config
+    from elastic_reset.errors import ConfigError
+    from elastic_reset.rl.config import config_to_yaml, load_config
     from elastic_reset.rl.from_trl import config_from_recipe
     from elastic_reset.rl.trainer import RLTrainer
 
@@ -78,6 +79,11 @@ def _train(args: argparse.Namespace) -> int:
         config = config_from_recipe(args.config, args.trl, _overrides(args))
     else:
         config = load_config(args.config, _overrides(args))
+    if args.print_config:
+        print(config_to_yaml(config), end="")
+        return 0
+    if args.out is None:
+        raise ConfigError("--out: the run directory is required (or --print-config to see the config only)")
     trainer = RLTrainer(config, args.out, resume=args.resume)
     trainer.train()
     if trainer.dp.is_main:
@@ -474,7 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one run from a YAML config")
     train.add_argument("config", help="YAML file (see configs/)")
-    train.add_argument("--out", required=True, help="run directory (config.yaml, metrics.jsonl, checkpoints/)")
+    train.add_argument("--out", help="run directory (config.yaml, metrics.jsonl, checkpoints/)")
+    train.add_argument("--print-config", action="store_true", help="print the config the run would train with (every "
+                       "setting, as its config.yaml would hold it) and stop: nothing is written")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set algo.lr=1e-5 (repeatable)")

@@ -832,6 +832,11 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def config_to_yaml(config: TrainConfig) -> str:
+    """The config as a run's ``config.yaml`` holds it: every setting, in the dataclasses' order."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False)
+
+
 RESUMABLE_CHANGES = ("steps", "report_to", "tensorboard", "project", "run_name", "log_completions", "push_to_hub",
                      "progress")
 """The settings a continued run may change: how far it goes and where it reports, nothing that changes a number."""

@@ -23,7 +23,7 @@ import yaml
 from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.io import read_metrics, save_folder_atomically
 from elastic_reset.rl.checkpoint import checkpoint_step, list_checkpoints, load_latest, read_state
-from elastic_reset.rl.config import TrainConfig, config_to_dict, load_config
+from elastic_reset.rl.config import TrainConfig, config_to_dict, config_to_yaml, load_config
 from elastic_reset.rl.methods import METHOD_CLASSES
 from elastic_reset.rl.policy import load_model_and_tokenizer, trainable_named_parameters
 
@@ -159,7 +159,7 @@ def model_card(run_dir: str | Path | None, config: TrainConfig, step: int, *, em
         f"## Use\n\n{usage}",
         "## Reproduce\n\n" + (f"Exported with `{command}`.\n\n" if command else "")
         + "The run's config (`elastic-reset train config.yaml --out RUN`):\n\n```yaml\n"
-        + yaml.safe_dump(config_to_dict(config), sort_keys=False) + "```",
+        + config_to_yaml(config) + "```",
     ])
     try:
         from huggingface_hub import ModelCard, ModelCardData

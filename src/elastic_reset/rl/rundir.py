@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from elastic_reset.errors import ConfigError, RunFileError, RunRecoveryWarning
 from elastic_reset.evaluation.runs import TASK_FILE
 from elastic_reset.lm.device import describe_machine
 from elastic_reset.io import POINTER, DirectoryLock, MetricsLog, atomic_write_text, remove_stale_temps
 from elastic_reset.rl.checkpoint import checkpoint_dir, list_checkpoints, load_latest
-from elastic_reset.rl.config import TrainConfig, check_same_run, config_to_dict
+from elastic_reset.rl.config import TrainConfig, check_same_run, config_to_yaml
 
 
 MACHINES_FILE = "machines.jsonl"
@@ -76,7 +75,7 @@ class RunDirectory:
     def write_config(self, task_name: str, score_key: str, drift_key: str) -> None:
         if not self.is_main:
             return
-        atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+        atomic_write_text(self.path / "config.yaml", config_to_yaml(self.config))
         # Reports read a run's own task score and drift metric from here (BLEU for the Translation Game), so
         # `elastic-reset pareto` needs no --score/--drift for a task that is not scored by reward and perplexity.
         atomic_write_text(self.path / TASK_FILE, json.dumps(
