@@ -380,6 +380,9 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     rloo = config_from_recipe(recipe(eval_strategy=None, bf16="false"), "rloo")
     assert (rloo.algo.ratio, rloo.kl.estimator, rloo.model.autocast) == ("sequence_sum", "k1", "none")
     assert "eval_split" not in rloo.task.options  # TRL reads the test split only to evaluate: a held-out share here
+    one = config_from_recipe(recipe(reward_funcs="my_rewards.letters", reward_model_name_or_path=None,
+                                    reward_weights=None), "grpo")
+    assert one.task.options["reward"] == ["my_rewards:letters"]  # a single name without a list
 
 
 @pytest.mark.parametrize("changes, pattern", [

@@ -233,10 +233,11 @@ def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list
         ("dataset_streaming", not get("dataset_streaming"), "prompts are read whole here"),
     ])
     rewards = [get("reward_model_name_or_path")] if get("reward_model_name_or_path") else []
-    for name in get("reward_funcs") or []:
+    funcs = get("reward_funcs") or []
+    for name in [funcs] if isinstance(funcs, str) else funcs:  # one name given without a list
         if name in TRL_REWARDS:
             rewards.append(f"trl.rewards:{name}")
-        elif "." in name:
+        elif isinstance(name, str) and "." in name:
             rewards.append(":".join(name.rsplit(".", 1)))
         else:
             get.refuse("reward_funcs", f"{name!r}: expected one of {', '.join(TRL_REWARDS)} or a dotted import "
