@@ -394,6 +394,7 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     ({"reward_funcs": "[letters]"}, r"^GRPOScriptArguments\.reward_funcs: 'letters': expected one of accuracy_"),
     ({"dataset_config": "plain_text"}, r"^GRPOScriptArguments\.dataset_config: 'plain_text': a dataset's config"),
     ({"datasets": "[{path: a}]"}, r"recipe\.yaml: datasets: TRL's dataset mixtures are not read here"),
+    ({"dataset_name": "[a, b]"}, r"^GRPOScriptArguments\.dataset_name: expected a dataset's name or folder"),
     ({"lora_task_type": "SEQ_CLS"}, r"^ModelConfig\.lora_task_type: 'SEQ_CLS': causal LMs here"),
 ])
 def test_what_a_recipe_cannot_have_here_is_refused_in_one_line_naming_it(recipe, changes, pattern):

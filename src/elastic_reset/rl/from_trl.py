@@ -247,6 +247,8 @@ def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list
     dataset, train, test = get("dataset_name"), get("dataset_train_split", "train"), get("dataset_test_split", "test")
     if not dataset:
         return [f"task.options.{key}={json.dumps(value)}" for key, value in options.items()]
+    if not isinstance(dataset, str):
+        get.refuse("dataset_name", f"expected a dataset's name or folder, got {dataset!r}")
     options = {source_option(dataset): dataset, "split": train, **options}
     if eval_split and not os.path.isfile(dataset):  # TRL evaluates on it only with an eval_strategy; a file has
         # no splits: a held-out share of it here, as without one
