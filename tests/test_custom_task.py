@@ -853,3 +853,27 @@ def test_the_cli_flags_stand_for_the_prompts_task_and_the_model(files, capsys):
                  "--set", "steps=1"]) == 0
     argv = json.loads((files / "grid" / "summary.json").read_text())["argv"]
     assert "task.name=prompts" in argv and "--prompts" not in argv and argv[-1] == "steps=1"
+
+
+def test_a_prompt_longer_than_the_cut_is_warned_about_or_kept_whole(files, tmp_path):
+    import warnings
+
+    from elastic_reset.rl.config import load_config
+    from elastic_reset.rl.trainer import RLTrainer
+
+    long = "A long prompt, " * 8  # 120 bytes: 120 tokens of the byte-level model
+    rows = [{"prompt": long, "letter": "e"}] + [{"prompt": p, "letter": x} for p, x in zip(PROMPTS, LETTERS)]
+    (files / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def trainer(*overrides):
+        t = task(files, path=str(files / "long.jsonl"), eval_path=str(files / "prompts.jsonl"))
+        return RLTrainer(load_config(TINY, ["task.name=prompts", *overrides]), tmp_path / str(len(overrides)), task=t)
+    with pytest.warns(UserWarning, match=r"^model\.max_prompt_tokens: 1 of the task's 21 prompts are longer than 48 "
+                                         r"tokens \(the longest: 120\) and are cut to their last 48; set it to 120"):
+        assert trainer().policy.encode([long])[0].shape[1] == 48
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trainer("model.max_prompt_tokens=null").policy.encode([long])[0].shape[1] == 120
+    with pytest.raises(ConfigError, match=r"^model\.max_prompt_tokens: the longest prompt \(120 tokens\) \+ "
+                                          r"sampling\.max_new_tokens = 1120 exceeds the model's context length"):
+        trainer("model.max_prompt_tokens=null", "sampling.max_new_tokens=1000")

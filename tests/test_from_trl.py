@@ -36,6 +36,7 @@ def test_the_settings_a_grpo_user_has_carry_over():
     assert (s.max_new_tokens, s.temperature, s.top_p, s.min_p, s.repetition_penalty) == (32, 0.9, 0.95, 0.05, 1.1)
     assert (config.model.autocast, config.log_completions, config.push_to_hub, config.run_name) == \
         ("none", True, "my-policy", "r1")
+    assert config.model.max_prompt_tokens is None  # TRL cuts no prompt
 
 
 def test_optimizer_steps_become_iterations_and_overrides_come_last():

@@ -88,8 +88,10 @@ class ModelConfig(Section):
     lora: LoraConfig | None = None
     """LoRA adapters via peft; then only the adapters train, the EMA covers only them, and the KL reference is the
     same model with adapters disabled (no second copy)."""
-    max_prompt_tokens: PositiveInt = 64
-    """Prompts are truncated from the left to this many tokens (the paper's IMDB prompts: at most 64)."""
+    max_prompt_tokens: PositiveInt | None = 64
+    """Prompts are cut to their last this many tokens (the paper's IMDB prompts: at most 64); a prompts task's
+    prompt that long is warned about. None: never cut (as TRL's trainers, which a config carried over from TRL
+    keeps)."""
 
 
 @dataclass

@@ -331,7 +331,7 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                      "temperature": get.number("temperature", 1.0), "top_p": get.number("top_p", 1.0),
                      "top_k": get.number("top_k", None, int) or 0, "min_p": get.number("min_p") or 0.0,
                      "repetition_penalty": get.number("repetition_penalty", 1.0)},
-        "model": {"autocast": "bf16" if get("bf16") else "none"},
+        "model": {"autocast": "bf16" if get("bf16") else "none", "max_prompt_tokens": None},  # TRL cuts none
         "checkpoint_every": iterations("save_steps", get.number("save_steps")) if save == "steps" else 0,
         "eval": {"every": iterations("eval_steps", get.number("eval_steps") or get.number("logging_steps"))
                  if evaluate == "steps" else 0},

@@ -152,12 +152,12 @@ class Policy:
     Args:
         model, tokenizer: the policy and its tokenizer (``pad_token_id`` set).
         sampling: the run's sampling settings.
-        max_prompt_tokens: prompts are truncated to this many tokens (decoder-only: keeping their end).
+        max_prompt_tokens: prompts are truncated to this many tokens (decoder-only: keeping their end); None: never.
         autocast_dtype: the forward precision (None: fp32).
         max_text_tokens: texts scored by :meth:`nll` are truncated to this many tokens.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, *, sampling: SamplingConfig, max_prompt_tokens: int,
+    def __init__(self, model: nn.Module, tokenizer, *, sampling: SamplingConfig, max_prompt_tokens: int | None,
                  autocast_dtype: torch.dtype | None, max_text_tokens: int):
         self.model = model
         self.tokenizer = tokenizer
@@ -180,8 +180,8 @@ class Policy:
         side = self.tokenizer.truncation_side
         self.tokenizer.truncation_side = "right" if self.is_encoder_decoder else "left"
         try:
-            enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                                 max_length=self.max_prompt_tokens)
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True,
+                                 truncation=self.max_prompt_tokens is not None, max_length=self.max_prompt_tokens)
         finally:
             self.tokenizer.truncation_side = side
         return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)

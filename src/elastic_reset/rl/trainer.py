@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -188,11 +189,23 @@ class RLTrainer:
     # ------------------------------------------------------------------------------------------ set-up checks
     def _check_task_inputs(self) -> None:
         ctx = context_length(self.model)
-        needed = self.config.model.max_prompt_tokens + self.config.sampling.max_new_tokens
+        cut = self.config.model.max_prompt_tokens
+        longest = None
+        if cut is None or not self.task.cut_prompts:  # the prompts' own lengths matter: measured once
+            prompts = [*self.task.train_prompts, *self.task.eval_prompts, *self.task.test_prompts,
+                       *(p for ps in self.task.eval_sets.values() for p in ps)]
+            lengths = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
+            longest = max(lengths)
+            over = sum(n > cut for n in lengths) if cut is not None else 0
+            if over:
+                warnings.warn(f"model.max_prompt_tokens: {over} of the task's {len(lengths)} prompts are longer than "
+                              f"{cut} tokens (the longest: {longest}) and are cut to their last {cut}; set it to "
+                              f"{longest}, or to null for no cut", stacklevel=2)
+        needed = (longest if cut is None else cut) + self.config.sampling.max_new_tokens
         if ctx is not None and not self.model.config.is_encoder_decoder and needed > ctx:
-            raise ConfigError(
-                f"model.max_prompt_tokens + sampling.max_new_tokens = {needed} exceeds the model's context "
-                f"length {ctx}")
+            what = f"the longest prompt ({longest} tokens)" if cut is None else "model.max_prompt_tokens"
+            raise ConfigError(f"model.max_prompt_tokens: {what} + sampling.max_new_tokens = {needed} exceeds the "
+                              f"model's context length {ctx}")
         weights = getattr(self.task.reward_fn, "weights", None)
         if self.config.algo.reward_aggregation != "sum" and not weights:
             raise ConfigError(f"algo.reward_aggregation: normalize_then_sum aggregates a task's several weighted "

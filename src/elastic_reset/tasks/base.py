@@ -56,6 +56,9 @@ class Task:
     reference_lm: str | None = None
     """A decoder-only LM (a Hugging Face folder) sharing the policy's tokenizer, for ``kl.reference: lm``: the KL
     penalty to a language model of the output language (the Translation Game's English LM, paper §4)."""
+    cut_prompts: bool = True
+    """Whether cutting a prompt to its last ``model.max_prompt_tokens`` tokens is part of the task's design (IMDB's
+    prompts, as RL4LMs'); False: a prompt that long is warned about before the run (the prompts task's)."""
 
     def __post_init__(self) -> None:
         keys = ["train_prompts", "eval_prompts"] + (["reference_texts"] if self.drift_key == "perplexity" else [])

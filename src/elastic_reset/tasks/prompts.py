@@ -178,6 +178,8 @@ class PromptsTask(Task):
 
     chat_template: bool | None = None
     """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never."""
+    cut_prompts: bool = False
+    """The user's prompts are theirs: one longer than ``model.max_prompt_tokens`` is warned about."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """More variables for the template (TRL's ``chat_template_kwargs``), e.g. ``enable_thinking: false``."""
     _raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
