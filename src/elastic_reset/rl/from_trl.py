@@ -32,6 +32,7 @@ LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "
 """TRL's ``loss_type`` values, as ``algo.loss_aggregation`` (``cispo``, ``sapo`` and ``vespo`` with that
 ``algo.surrogate``, the others with the clipped ratio)."""
 SURROGATES = ("cispo", "sapo", "vespo")
+"""The ``loss_type`` values that are an ``algo.surrogate`` of their own name."""
 IGNORED = frozenset({
     # how TRL generates, batches, loads or logs: not about the method
     "model_init_kwargs", "trust_remote_code", "cast_lm_head_to_fp32", "ds3_gather_for_generation",
