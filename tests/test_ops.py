@@ -366,6 +366,8 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
     assert close(tokens, (-math.exp(0.1) - math.exp(-0.1) - 1.2) / 3)
     with pytest.raises(ValueError, match="^level: expected token, sequence or sequence_sum"):
         ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2, level="seq")
+    with pytest.raises(ValueError, match="^surrogate: expected clip, cispo, sapo or vespo, got 'gspo'"):
+        ppo_policy_loss(logp, old, torch.ones(2, 2), mask, 0.2, surrogate="gspo")
 
 
 def test_loss_reductions_by_hand():

@@ -467,11 +467,13 @@ def ppo_policy_loss(
         phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
         loss = policy_gradient_loss(logp, adv * keep * phi, m, how, max_len)
         clipped = torch.zeros_like(m)
-    else:
+    elif surrogate == "clip":
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
         pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
         loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped) * keep, m, how, max_len)
         clipped = pg_losses_clipped > pg_losses
+    else:
+        raise ValueError(f"surrogate: expected clip, cispo, sapo or vespo, got {surrogate!r}")
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean(clipped.float(), m),
