@@ -549,3 +549,13 @@ def test_an_adaptive_entropy_weight_is_logged_as_it_moves(tmp_path):
                          "algo.entropy_coef_max=0.025")
     records = [r for r in RLTrainer(config, tmp_path / "run").train() if "entropy_coef" in r]
     assert [r["entropy_coef"] for r in records] == pytest.approx([0.01, 0.02, 0.025])
+
+
+def test_prompts_in_the_tasks_order_when_not_shuffled(tmp_path):
+    # two iterations of 4 prompts: the first 8 training prompts, in order (a curriculum), then logged as sampled
+    config = tiny_config("steps=2", "algo.shuffle_prompts=false", "log_completions=true")
+    trainer = RLTrainer(config, tmp_path / "run")
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert list(dict.fromkeys(r["prompt"] for r in rows)) == trainer.task.train_prompts[:8]
+

@@ -198,6 +198,9 @@ class AlgoConfig(Section):
     iterations)."""
     prompts_per_step: PositiveInt = 8
     """Prompts sampled per training iteration."""
+    shuffle_prompts: bool = True
+    """Draw the training prompts in a seeded shuffle, anew for each pass over them; false: in the task's order,
+    e.g. a curriculum (TRL's ``shuffle_dataset``)."""
     samples_per_prompt: PositiveInt = 1
     """Completions per prompt (RLOO needs >= 2)."""
     epochs: PositiveInt | None = None

@@ -294,7 +294,6 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                                                           "reward_weights=[...])"),
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
-        ("shuffle_dataset", get("shuffle_dataset", True), "prompts are always drawn in a seeded shuffle here"),
         ("fp16", not get("fp16"), "bf16 or full precision here (model.autocast)"),
         ("resume_from_checkpoint", not get("resume_from_checkpoint"), "continue a run with elastic-reset train "
                                                                       "--resume (RLTrainer(..., resume=True))"),
@@ -317,6 +316,7 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
         "steps": iterations("max_steps", max_steps),
         "algo": {"name": "rloo", "samples_per_prompt": k, "prompts_per_step": generation // k,
                  "minibatch_size": per_step, "epochs": epochs, "lr": get.number("learning_rate"),
+                 "shuffle_prompts": bool(get("shuffle_dataset", True)),
                  "lr_scheduler": get("lr_scheduler_type", "linear"),
                  "warmup_steps": iterations("warmup_steps", get.number("warmup_steps")),
                  "lr_scheduler_kwargs": dict(get("lr_scheduler_kwargs") or {}),

@@ -248,12 +248,14 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------------------- data
     def _next_prompts(self) -> list[str]:
-        """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle (resumable from two integers)."""
+        """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle, or of the task's order
+        (``algo.shuffle_prompts``); resumable from two integers."""
         prompts = self.train_prompts
         out = []
         while len(out) < self.config.algo.prompts_per_step:
             order = list(range(len(prompts)))
-            random.Random(self.config.seed * 1_000_003 + self.data_epoch).shuffle(order)
+            if self.config.algo.shuffle_prompts:
+                random.Random(self.config.seed * 1_000_003 + self.data_epoch).shuffle(order)
             out.append(prompts[order[self.data_index]])
             self.data_index += 1
             if self.data_index == len(prompts):
