@@ -71,14 +71,11 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from elastic_reset.errors import ConfigError
-    from elastic_reset.rl.config import config_to_yaml, load_config
-    from elastic_reset.rl.from_trl import config_from_recipe
+    from elastic_reset.rl.config import config_to_yaml
+    from elastic_reset.rl.from_trl import load_run_config
     from elastic_reset.rl.trainer import RLTrainer
 
-    if args.trl:
-        config = config_from_recipe(args.config, args.trl, _overrides(args))
-    else:
-        config = load_config(args.config, _overrides(args))
+    config = load_run_config(args.config, args.trl, _overrides(args))
     if args.print_config:
         print(config_to_yaml(config), end="")
         return 0

@@ -55,9 +55,9 @@ from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.lm.device import resolve_device
 from elastic_reset.rl.checkpoint import latest_step
-from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run, load_config
+from elastic_reset.rl.config import METHODS, ConfigError, TrainConfig, check_same_run
 from elastic_reset.rl.distributed import is_main_process
-from elastic_reset.rl.from_trl import config_from_recipe
+from elastic_reset.rl.from_trl import load_run_config
 
 DONE = "done"
 """Name of the marker file of a finished cell (JSON: the steps it finished at, and when)."""
@@ -69,13 +69,13 @@ _GRID_KEYS = {"seed": "--seeds", "method.name": "--methods"}
 @dataclass(frozen=True)
 class GridConfig:
     """The file a grid's cells are built from: a YAML config of this engine's, or a TRL command-line recipe
-    (``trl``: ``grpo`` or ``rloo``, :func:`~elastic_reset.rl.from_trl.config_from_recipe`)."""
+    (``trl``: ``grpo`` or ``rloo``, :func:`~elastic_reset.rl.from_trl.load_run_config`)."""
 
     path: Path
     trl: str | None = None
 
     def load(self, overrides: list[str]) -> TrainConfig:
-        return config_from_recipe(self.path, self.trl, overrides) if self.trl else load_config(self.path, overrides)
+        return load_run_config(self.path, self.trl, overrides)
 
     def train_command(self) -> list[str]:
         """``elastic-reset train`` on this file, as a child process runs it (``--out`` and ``--set`` to add)."""

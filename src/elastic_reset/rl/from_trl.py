@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.errors import ConfigError, first_line
-from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, read_yaml_mapping
+from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, load_config, read_yaml_mapping
 from elastic_reset.tasks.prompts import source_option
 
 DEFAULT_PROJECT = "huggingface"
@@ -147,6 +147,12 @@ def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     algo = {"ratio": "sequence_sum", "loss_aggregation": "sequence", "scale_rewards": "none",
             "whiten_advantages": bool(get("normalize_advantages", False)), "reward_clip_range": clip}
     return _carried_over(get, overrides, algo, beta=get.number("beta", 0.05), estimator="k1")
+
+
+def load_run_config(path: str | Path, trl: str | None, overrides: list[str] = ()) -> TrainConfig:
+    """A run's config from ``path``: a YAML config of this engine's, or with ``trl`` (``grpo``, ``rloo``) a TRL
+    command-line recipe (:func:`config_from_recipe`); then ``overrides``."""
+    return config_from_recipe(path, trl, overrides) if trl else load_config(path, overrides)
 
 
 def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
