@@ -54,9 +54,9 @@ def test_optimizer_steps_become_iterations_and_overrides_come_last():
     assert (config.model.name, config.method.name) == ("tiny-llama", "elastic_reset")
 
 
-@pytest.mark.parametrize("loss_type, aggregation", [("dapo", "token"), ("bnpo", "token"), ("grpo", "sequence"),
-                                                     ("dr_grpo", "constant"), ("cispo", "token"),
-                                                     ("sapo", "sequence"), ("luspo", "sum"), ("vespo", "token")])
+@pytest.mark.parametrize("loss_type, aggregation", [
+    ("dapo", "batch_token"), ("bnpo", "token"), ("grpo", "sequence"), ("dr_grpo", "constant"),
+    ("cispo", "batch_token"), ("sapo", "sequence"), ("luspo", "sum"), ("vespo", "batch_token")])
 def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     config = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, epsilon=0.2, epsilon_high=0.28,
                                    loss_type=loss_type, importance_sampling_level="sequence", delta=1.5))
@@ -65,7 +65,7 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
         ("sequence", 0.2, 0.28, 1.5, aggregation)
     assert a.surrogate == (loss_type if loss_type in ("cispo", "sapo", "vespo") else "clip")
     a = config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults
-    assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "token")
+    assert (a.ratio, a.clip_range_high, a.ratio_max, a.loss_aggregation) == ("token", None, None, "batch_token")
 
 
 @pytest.mark.parametrize("settings, pattern", [
@@ -135,14 +135,16 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     ("luspo", "sequence", 1.5, 0.4, 0.02), ("vespo", "token", None, 1.0, None), ("vespo", "sequence", None, 0.4, 0.02)])
 def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delta, rho, opsm):
     # TRL's own _compute_loss on a stand-in trainer (its forward replaced by given log-probs), against ours with
-    # the settings config_from_grpo carries over: the loss and its gradient agree.
+    # the settings config_from_grpo carries over: the loss and its gradient agree. In training, on the first of
+    # two optimizer steps of a generation batch, whose other minibatch has 9 real tokens (dapo's normaliser).
     import types
     from collections import defaultdict
 
     from elastic_reset.rl import ops
 
-    args = grpo(num_generations=2, per_device_train_batch_size=4, epsilon=0.2, epsilon_high=0.28,
-                loss_type=loss_type, importance_sampling_level=level, max_completion_length=5, delta=delta,
+    args = grpo(num_generations=2, per_device_train_batch_size=4, steps_per_generation=2, epsilon=0.2,
+                epsilon_high=0.28, loss_type=loss_type, importance_sampling_level=level, max_completion_length=5,
+                delta=delta,
                 top_entropy_quantile=rho, off_policy_mask_threshold=opsm, sapo_temperature_pos=0.8,
                 sapo_temperature_neg=1.2, vespo_k_pos=1.5, vespo_lambda_pos=2.5, vespo_k_neg=2.0, vespo_lambda_neg=1.0)
     a = config_from_grpo(args).algo
@@ -158,11 +160,12 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
         _get_per_token_logps_and_entropies=lambda *_, **__: (logp, entropy, None), args=args,
         top_entropy_quantile=rho, off_policy_mask_threshold=opsm, importance_sampling_level=level, beta=0.0,
         loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False, model=types.SimpleNamespace(
-            training=False), max_completion_length=5, accelerator=gathered, aux_loss_enabled=False,
+            training=True), current_gradient_accumulation_steps=1, max_completion_length=5, accelerator=gathered,
+        aux_loss_enabled=False,
         _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)))
     inputs = {"prompt_ids": torch.zeros(4, 2, dtype=torch.long), "prompt_mask": torch.ones(4, 2, dtype=torch.long),
               "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask, "advantages": adv,
-              "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+              "old_per_token_logps": old, "num_items_in_batch": mask.sum() + 9}
     trainer.get_high_entropy_mask = lambda *a: trl.GRPOTrainer.get_high_entropy_mask(trainer, *a)
     trainer.get_off_policy_mask = trl.GRPOTrainer.get_off_policy_mask
     trainer.get_gamma_weights = trl.GRPOTrainer.get_gamma_weights
@@ -171,8 +174,8 @@ def test_our_policy_loss_is_the_one_grpo_trainer_computes(loss_type, level, delt
     high = ops.high_entropy_mask(entropy, mask, a.top_entropy_quantile)  # as the trainer zeroes the rest
     ours, stats = ops.ppo_policy_loss(
         logp, old, torch.where(high, adv[:, None], 0.0), mask, a.clip_range, clip_range_high=a.clip_range_high,
-        level=a.ratio, how=a.loss_aggregation, max_len=args.max_completion_length, ratio_max=a.ratio_max,
-        surrogate=a.surrogate, off_policy_mask=a.off_policy_mask,
+        level=a.ratio, how=a.loss_aggregation, max_len=args.max_completion_length, step_tokens=(11 + 9) / 2,
+        ratio_max=a.ratio_max, surrogate=a.surrogate, off_policy_mask=a.off_policy_mask,
         sapo_temperatures=(a.sapo_temperature_pos, a.sapo_temperature_neg),
         vespo=(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg))
     (our_grad,) = torch.autograd.grad(ours, logp)

@@ -371,12 +371,13 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
 
 
 def test_loss_reductions_by_hand():
-    # Rows [1, 2] and [4] (padding is NaN): token mean 7/3 (TRL's dapo/bnpo), the mean of the rows' means
-    # (1.5 + 4) / 2 (grpo), the mean of the rows' sums (3 + 4) / 2 (luspo), the sum over responses x max_len 2 x 5
-    # (dr_grpo); an empty row counts as zeros.
+    # Rows [1, 2] and [4] (padding is NaN): token mean 7/3 (TRL's bnpo), the token sum over a batch's 3.5 tokens
+    # per minibatch (dapo), the mean of the rows' means (1.5 + 4) / 2 (grpo), the mean of the rows' sums (3 + 4) / 2
+    # (luspo), the sum over responses x max_len 2 x 5 (dr_grpo); an empty row counts as zeros.
     x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("nan"), float("nan")]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert close(reduce_loss(x, mask, "token"), 7 / 3)
+    assert close(reduce_loss(x, mask, "batch_token", step_tokens=3.5), 2.0)
     assert close(reduce_loss(x, mask, "sequence"), 2.75)
     assert close(reduce_loss(x, mask, "sum"), 3.5)
     assert close(reduce_loss(x, mask, "constant", max_len=5), 0.7)
@@ -384,7 +385,9 @@ def test_loss_reductions_by_hand():
     assert close(reduce_loss(torch.cat([x, torch.ones(1, 3)]), empty, "sequence"), 5.5 / 3)
     with pytest.raises(ValueError, match="^max_len: expected a positive number"):
         reduce_loss(x, mask, "constant")
-    with pytest.raises(ValueError, match="^how: expected token, sequence, sum or constant"):
+    with pytest.raises(ValueError, match="^step_tokens: expected a positive number"):
+        reduce_loss(x, mask, "batch_token")
+    with pytest.raises(ValueError, match="^how: expected token, batch_token, sequence, sum or constant"):
         reduce_loss(x, mask, "mean")
 
 

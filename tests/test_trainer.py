@@ -107,6 +107,20 @@ def test_top_entropy_quantile_takes_the_gradient_from_the_high_entropy_tokens_on
     assert top["policy_loss"] != pytest.approx(every["policy_loss"])
 
 
+@pytest.mark.parametrize("minibatch", [4, 8])
+def test_a_batch_token_loss_divides_by_the_batchs_mean_tokens_per_minibatch(tmp_path, minibatch):
+    # TRL's dapo: every minibatch's token sum over the same number, the batch's real tokens per optimizer step
+    common = ("algo.name=rloo", "algo.samples_per_prompt=2", f"algo.minibatch_size={minibatch}", "algo.epochs=2")
+    trainer = RLTrainer(tiny_config(*common, "algo.loss_aggregation=batch_token"), tmp_path)
+    seen, loss = [], trainer.estimator.loss
+    trainer.estimator.loss = lambda out, mb, step_tokens=None: (seen.append((float(mb.mask.sum()), step_tokens))
+                                                                or loss(out, mb, step_tokens))
+    trainer.train_step()
+    tokens, divisors = zip(*seen)
+    assert len(seen) == 2 * 8 // minibatch and len(set(divisors)) == 1
+    assert divisors[0] == pytest.approx(sum(tokens) / len(seen)) and divisors[0] > 1
+
+
 @pytest.mark.parametrize("ratio", ["token", "sequence"])
 def test_a_ratio_on_a_batch_used_once_gives_the_plain_policy_gradient(tmp_path, ratio):
     # One optimizer step on the whole batch: the ratio is exactly 1 and its gradient is -A·∇log π, REINFORCE's.

@@ -252,9 +252,12 @@ class AlgoConfig(Section):
     """ρ: the policy gradient (and the entropy bonus) only from the top ρ share of a minibatch's tokens by the
     policy's entropy, the "forking" tokens; the others' terms are 0 (Wang et al. 2025, "Beyond the 80/20 rule":
     0.2; TRL's ``top_entropy_quantile``). 1: every token."""
-    loss_aggregation: Literal["token", "sequence", "sum", "constant"] = "token"
+    loss_aggregation: Literal["token", "batch_token", "sequence", "sum", "constant"] = "token"
     """How the policy loss of a minibatch's tokens becomes one number. ``token``: the mean over its tokens (TRL's
-    ``loss_type`` ``dapo`` and ``bnpo``, as lm-human-preferences): a long response weighs by its length.
+    ``loss_type`` ``bnpo``, as lm-human-preferences): a long response weighs by its length. ``batch_token``: the
+    sum over its tokens / the mean tokens of a minibatch in the iteration's whole batch, every process's (TRL's
+    ``dapo``, ``cispo`` and ``vespo``): ``token`` when an iteration is one minibatch on one process; otherwise a
+    minibatch of long responses steps further, and every token of the batch weighs the same.
     ``sequence``: each response's mean, then the mean over responses (TRL's ``grpo``: short responses weigh more
     per token). ``sum``: each response's sum, then the mean over responses (TRL's ``luspo``; REINFORCE's sequence
     log-probability). ``constant``: the sum over tokens / (responses × ``sampling.max_new_tokens``) (TRL's

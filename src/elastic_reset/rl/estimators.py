@@ -80,16 +80,19 @@ class Estimator:
             advantages = self.dp.whiten(advantages, mask)
         return torch.where(mask > 0, advantages, 0.0)
 
-    def loss(self, out: ResponseOutput, mb: Minibatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The minibatch's policy-gradient loss (before the entropy bonus and a method's extra loss)."""
+    def loss(self, out: ResponseOutput, mb: Minibatch, step_tokens: float | None = None
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The minibatch's policy-gradient loss (before the entropy bonus and a method's extra loss).
+        ``step_tokens``: the mean real tokens of this rank's minibatches in the iteration (``batch_token``)."""
         c = self.config
         if c.ratio == "none":
             loss, stats = ops.policy_gradient_loss(out.logprobs, mb.advantages, mb.mask, c.loss_aggregation,
-                                                   self.max_new_tokens), {}
+                                                   self.max_new_tokens, step_tokens), {}
         else:
             loss, stats = ops.ppo_policy_loss(
                 out.logprobs, mb.old_logprobs, mb.advantages, mb.mask, c.clip_range, clip_range_high=c.clip_range_high,
-                level=c.ratio, how=c.loss_aggregation, max_len=self.max_new_tokens, ratio_max=c.ratio_max,
+                level=c.ratio, how=c.loss_aggregation, max_len=self.max_new_tokens, step_tokens=step_tokens,
+                ratio_max=c.ratio_max,
                 surrogate=c.surrogate, off_policy_mask=c.off_policy_mask,
                 sapo_temperatures=(c.sapo_temperature_pos, c.sapo_temperature_neg),
                 vespo=(c.vespo_k_pos, c.vespo_lambda_pos, c.vespo_k_neg, c.vespo_lambda_neg))
@@ -151,9 +154,9 @@ class PPO(Estimator):
         advantages, returns = ops.gae(rewards, old_values, full, self.config.gamma, self.config.lam)
         return self._finish(advantages, mask), returns
 
-    def loss(self, out, mb):
+    def loss(self, out, mb, step_tokens=None):
         c = self.config
-        loss, st = super().loss(out, mb)
+        loss, st = super().loss(out, mb, step_tokens)
         vloss, vst = ops.value_loss(self.value_head(out.hidden), mb.old_values, mb.returns, mb.mask,
                                     c.clip_range_value)
         return loss + c.vf_coef * vloss, {**st, **vst, "value_loss": float(vloss.detach())}

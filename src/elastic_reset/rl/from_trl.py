@@ -27,8 +27,8 @@ from elastic_reset.tasks.prompts import source_option
 
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
-LOSS_TYPES = {"dapo": "token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant", "cispo": "token",
-              "sapo": "sequence", "luspo": "sum", "vespo": "token"}
+LOSS_TYPES = {"dapo": "batch_token", "bnpo": "token", "grpo": "sequence", "dr_grpo": "constant",
+              "cispo": "batch_token", "sapo": "sequence", "luspo": "sum", "vespo": "batch_token"}
 """TRL's ``loss_type`` values, as ``algo.loss_aggregation`` (``cispo``, ``sapo`` and ``vespo`` with that
 ``algo.surrogate``, the others with the clipped ratio)."""
 SURROGATES = ("cispo", "sapo", "vespo")

@@ -349,14 +349,19 @@ def gae(
 
 # -------------------------------------------------------------------------------------------------- losses
 def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token",
-                max_len: int | None = None) -> torch.Tensor:
+                max_len: int | None = None, step_tokens: float | None = None) -> torch.Tensor:
     """A minibatch's per-token loss ``[B, T]`` as one number (``algo.loss_aggregation``): ``token``, the mean over
-    its real tokens (TRL's ``dapo``/``bnpo``); ``sequence``, each row's mean, then the mean over rows (TRL's
-    ``grpo``); ``sum``, each row's sum, then the mean over rows (TRL's ``luspo``); ``constant``, the sum / (B ×
-    ``max_len``) (TRL's ``dr_grpo``, ``max_len`` its ``max_completion_length``). A row with no real token counts as
-    a row of zeros."""
+    its real tokens (TRL's ``bnpo``); ``batch_token``, the sum over its real tokens / ``step_tokens``, the mean real
+    tokens of a minibatch in the whole batch (TRL's ``dapo``: its ``num_items_in_batch`` per optimizer step and
+    process); ``sequence``, each row's mean, then the mean over rows (TRL's ``grpo``); ``sum``, each row's sum,
+    then the mean over rows (TRL's ``luspo``); ``constant``, the sum / (B × ``max_len``) (TRL's ``dr_grpo``,
+    ``max_len`` its ``max_completion_length``). A row with no real token counts as a row of zeros."""
     if how == "token":
         return masked_mean(per_token, mask)
+    if how == "batch_token":
+        if not step_tokens or step_tokens <= 0:
+            raise ValueError(f"step_tokens: expected a positive number of tokens per minibatch, got {step_tokens}")
+        return masked_sum(per_token, mask) / step_tokens
     if how == "sequence":
         return masked_mean(per_token, mask, dim=1).mean()
     if how == "sum":
@@ -365,7 +370,7 @@ def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token",
         if not max_len or max_len < 1:
             raise ValueError(f"max_len: expected a positive number of tokens for the constant, got {max_len}")
         return masked_sum(per_token, mask) / (per_token.shape[0] * max_len)
-    raise ValueError(f"how: expected token, sequence, sum or constant, got {how!r}")
+    raise ValueError(f"how: expected token, batch_token, sequence, sum or constant, got {how!r}")
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float,
@@ -383,11 +388,11 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float,
 
 
 def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, how: str = "token",
-                         max_len: int | None = None) -> torch.Tensor:
+                         max_len: int | None = None, step_tokens: float | None = None) -> torch.Tensor:
     """The plain policy gradient's loss, −A·log π per token, reduced by :func:`reduce_loss` (REINFORCE)."""
     _check_same_shape("advantages", advantages, "logp", logp)
     m = _as_bool(mask)
-    return reduce_loss(-torch.where(m, _float(advantages).detach(), 0.0) * _float(logp), m, how, max_len)
+    return reduce_loss(-torch.where(m, _float(advantages).detach(), 0.0) * _float(logp), m, how, max_len, step_tokens)
 
 
 def ppo_policy_loss(
@@ -400,6 +405,7 @@ def ppo_policy_loss(
     level: str = "token",
     how: str = "token",
     max_len: int | None = None,
+    step_tokens: float | None = None,
     ratio_max: float | None = None,
     surrogate: str = "clip",
     off_policy_mask: float | None = None,
@@ -414,10 +420,10 @@ def ppo_policy_loss(
     clip-higher; ``ratio_max`` δ caps the unclipped ρ too: INTELLECT-2's two-sided clipping). ``level="sequence"``:
     one ρ per row, exp of its mean token log-ratio (GSPO, TRL's ``importance_sampling_level``), for each of its
     tokens; ``level="sequence_sum"``: the whole sequence's probability ratio, exp of the sum (with ``how="sequence"``
-    the loss of TRL's ``RLOOTrainer``). ``how``/``max_len``: the reduction (:func:`reduce_loss`; ``token`` is the
-    mean above). ``logp`` carries the gradient; ``old_logp`` (from the rollout) and ``advantages`` are treated as
-    constants. ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every token's
-    gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
+    the loss of TRL's ``RLOOTrainer``). ``how``/``max_len``/``step_tokens``: the reduction (:func:`reduce_loss`;
+    ``token`` is the mean above). ``logp`` carries the gradient; ``old_logp`` (from the rollout) and ``advantages``
+    are treated as constants. ``surrogate="cispo"`` (MiniMax-M1's CISPO): −sg(min(ρ, ε_high))·A·logp instead, every
+    token's gradient kept (``clipfrac``: the share whose ρ is capped; ``clip_range`` and ``ratio_max`` play no part).
     ``surrogate="sapo"`` (SAPO, TRL's ``loss_type: sapo``): −A·σ(τ(ρ − 1))·4/τ, a soft gate in place of the clip,
     τ the first of ``sapo_temperatures`` where A > 0, the second elsewhere (``clipfrac`` 0; no ε plays a part).
     ``surrogate="vespo"`` (VESPO, TRL's ``loss_type: vespo``): −sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(−λw) of the
@@ -453,11 +459,11 @@ def ppo_policy_loss(
         gone = masked_mean(-log_ratio.detach(), m, dim=1) > off_policy_mask
         keep = (~(gone & (masked_sum(adv, m, dim=1) < 0))).float()[:, None]
     if surrogate == "cispo":  # the capped ratio weighs REINFORCE's term as a constant (an advantage): none cut off
-        loss = policy_gradient_loss(logp, adv * keep * ratio.clamp(max=high), m, how, max_len)
+        loss = policy_gradient_loss(logp, adv * keep * ratio.clamp(max=high), m, how, max_len, step_tokens)
         clipped = ratio > high
     elif surrogate == "sapo":  # its gradient, A·ρ·σ'(τ(ρ − 1))·4, is A·ρ at ρ = 1 and fades smoothly away from it
         tau = torch.where(adv > 0, *(torch.tensor(t, dtype=adv.dtype, device=adv.device) for t in sapo_temperatures))
-        loss = reduce_loss(-adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau * keep, m, how, max_len)
+        loss = reduce_loss(-adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau * keep, m, how, max_len, step_tokens)
         clipped = torch.zeros_like(m)
     elif surrogate == "vespo":  # a gamma-shaped weight of the whole sequence's ratio, as a constant (no gradient)
         log_w = masked_sum(log_ratio.detach().clamp(-20.0, 20.0), m, dim=1).clamp(math.log(1e-8), 20.0)[:, None]
@@ -465,12 +471,12 @@ def ppo_policy_loss(
         k = torch.where(positive, vespo[0], vespo[2])
         lam = torch.where(positive, vespo[1], vespo[3]).clamp(min=1e-4)
         phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-        loss = policy_gradient_loss(logp, adv * keep * phi, m, how, max_len)
+        loss = policy_gradient_loss(logp, adv * keep * phi, m, how, max_len, step_tokens)
         clipped = torch.zeros_like(m)
     elif surrogate == "clip":
         pg_losses = -adv * (ratio if ratio_max is None else ratio.clamp(max=ratio_max))
         pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
-        loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped) * keep, m, how, max_len)
+        loss = reduce_loss(torch.maximum(pg_losses, pg_losses_clipped) * keep, m, how, max_len, step_tokens)
         clipped = pg_losses_clipped > pg_losses
     else:
         raise ValueError(f"surrogate: expected clip, cispo, sapo or vespo, got {surrogate!r}")

@@ -402,17 +402,21 @@ class RLTrainer:
         # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
         loss_mask = mask * ended[:, None] if c.algo.mask_truncated_completions else mask
         batch = Minibatch(loss_mask, advantages, old_logp, old_values, returns)
+        step_tokens = None
+        if c.algo.loss_aggregation == "batch_token":  # every rank's tokens, per rank and minibatch (TRL's dapo)
+            steps = 1 if fused else math.ceil(n / minibatch)
+            step_tokens = max(self.dp.sum([float(loss_mask.sum())])[0], 1.0) / (steps * self.dp.world_size)
 
         # 5. Policy (and value) update: epochs × minibatches; one step on the whole batch when fused.
         stats: list[dict[str, float]] = []
         for _ in range(self.estimator.epochs if updates else 0):
             if fused:
-                stats.append(self._update(rollout, batch, fused_out))
+                stats.append(self._update(rollout, batch, fused_out, step_tokens))
             else:
                 order = torch.randperm(n, generator=self.generator, device=self.generator.device)
                 for start in range(0, n, minibatch):
                     idx = order[start:start + minibatch]
-                    stats.append(self._update(rollout.select(idx), batch.select(idx)))
+                    stats.append(self._update(rollout.select(idx), batch.select(idx), step_tokens=step_tokens))
             self.method.on_epoch_end()
         times["update"], t = time.perf_counter() - t, time.perf_counter()
 
@@ -482,15 +486,17 @@ class RLTrainer:
         return self.policy.score(rollout, hidden=self.value_head is not None, entropy=True,
                                  entropy_grad=bool(self.config.algo.entropy_coef) or self.entropy_ctl is not None)
 
-    def _update(self, rollout: Rollout, mb: Minibatch, out: ResponseOutput | None = None) -> dict[str, float]:
-        """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run."""
+    def _update(self, rollout: Rollout, mb: Minibatch, out: ResponseOutput | None = None,
+                step_tokens: float | None = None) -> dict[str, float]:
+        """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run;
+        ``step_tokens``: the reduction's divisor (``loss_aggregation: batch_token``)."""
         c = self.config.algo
         out = self._policy_forward(rollout) if out is None else out
         high = None
         if c.top_entropy_quantile < 1:  # the other tokens' policy terms are 0 (the reduction still counts them)
             high = ops.high_entropy_mask(out.entropy, mb.mask, c.top_entropy_quantile, self.dp.cat)
             mb = replace(mb, advantages=torch.where(high, mb.advantages, 0.0))
-        loss, stats = self.estimator.loss(out, mb)
+        loss, stats = self.estimator.loss(out, mb, step_tokens)
         entropy = ops.masked_mean(out.entropy, mb.mask)
         stats["entropy"] = float(entropy.detach())
         coef = c.entropy_coef if self.entropy_ctl is None else self.entropy_ctl.applied
