@@ -810,7 +810,7 @@ def test_the_readme_grpo_table_names_real_settings_on_both_sides():
                                                        inspect.signature(prompts_task).parameters}
     theirs = [n.split("=")[0] for trl, _ in rows for n in trl]
     named = [n for _, here in rows for n in here]
-    assert len(rows) == 26 and len(theirs) >= 42
+    assert len(rows) == 27 and len(theirs) >= 43
     assert not [n for n in named if n not in ours], "README names settings the config does not have"
     trl = pytest.importorskip("trl")
     import dataclasses

@@ -37,6 +37,10 @@ def test_the_settings_a_grpo_user_has_carry_over():
     assert (config.model.autocast, config.log_completions, config.push_to_hub, config.run_name) == \
         ("none", True, "my-policy", "r1")
     assert config.model.max_prompt_tokens is None  # TRL cuts no prompt
+    assert config.model.activation_checkpointing  # TRL's default gradient_checkpointing
+    assert not config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8, gradient_checkpointing=False,
+                                     gradient_checkpointing_kwargs={"use_reentrant": False})
+                                ).model.activation_checkpointing
     assert config.algo.shuffle_prompts and not config_from_grpo(grpo(num_generations=4, per_device_train_batch_size=8,
                                                                      shuffle_dataset=False)).algo.shuffle_prompts
 
@@ -75,6 +79,8 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"save_strategy": "epoch"}, r"^GRPOConfig\.save_strategy: 'epoch': only steps"),
+    ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}},
+     r"^GRPOConfig\.gradient_checkpointing_kwargs: \{'preserve_rng_state': False\}: only use_reentrant here"),
     ({"num_iterations": 2, "save_steps": 3}, r"^GRPOConfig\.save_steps: 3 optimizer steps are not whole iterations "
                                              r"of 2$"),
 ])

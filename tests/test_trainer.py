@@ -283,6 +283,41 @@ def test_lora_policy_trains_only_adapters(tmp_path):
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
 
 
+@pytest.mark.parametrize("extra", [("algo.name=ppo",), ("algo.name=rloo", "method.name=multitask"),
+                                   ("model.lora={r: 4, alpha: 8}", "algo.name=rloo")])
+def test_activation_checkpointing_recomputes_the_layers_and_changes_no_number(tmp_path, extra):
+    # PPO (value head on the trunk), the multitask NLL (a second forward with grad) and LoRA (frozen base)
+    runs = {}
+    for on in (False, True):
+        trainer = RLTrainer(tiny_config(*extra, f"model.activation_checkpointing={on}"), tmp_path / str(on))
+        calls = []
+        for layer in trainer.model.get_base_model().model.layers if trainer.is_lora else trainer.model.model.layers:
+            layer.self_attn.register_forward_hook(lambda *_: calls.append(1))
+        records = without_times([trainer.train_step() for _ in range(2)])
+        runs[on] = records, trainable(trainer), calls
+    (plain, plain_weights, plain_calls), (recomputed, weights, calls) = runs[False], runs[True]
+    assert recomputed == plain
+    assert all(torch.equal(weights[n], w) for n, w in plain_weights.items())
+    assert len(calls) > len(plain_calls)  # the backward passes ran the layers' attention again
+
+
+def test_activation_checkpointing_refuses_a_model_whose_layers_drop_out_in_training():
+    from transformers import MarianConfig, MarianMTModel
+
+    from elastic_reset.lm.activation_checkpointing import enable_activation_checkpointing
+
+    def marian(dropout):
+        return MarianMTModel(MarianConfig(vocab_size=32, d_model=16, encoder_layers=1, decoder_layers=1,
+                                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                          decoder_ffn_dim=32, dropout=dropout, pad_token_id=0,
+                                          decoder_start_token_id=0)).eval()
+
+    enable_activation_checkpointing(marian(0.0), "marian")  # its functional dropout at 0: nothing to refuse
+    with pytest.raises(ConfigError, match=r"^model\.activation_checkpointing: 'marian' \(MarianMTModel\) computes "
+                                          r"other outputs when its layers are marked training"):
+        enable_activation_checkpointing(marian(0.3), "marian")
+
+
 def test_the_seed_alone_decides_lora_and_value_head_initialisation(tmp_path):
     # A model loaded with from_pretrained (SmolLM2's path too) does not seed itself, and torch seeds its global
     # generator at random in every process: the run's seed has to decide the adapters' and the value head's init.

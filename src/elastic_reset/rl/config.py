@@ -88,6 +88,11 @@ class ModelConfig(Section):
     lora: LoraConfig | None = None
     """LoRA adapters via peft; then only the adapters train, the EMA covers only them, and the KL reference is the
     same model with adapters disabled (no second copy)."""
+    activation_checkpointing: bool = False
+    """Keep only each layer's input from the update's forward and recompute the rest in the backward pass
+    (transformers' activation checkpointing; TRL's ``gradient_checkpointing``, on by default there): less memory
+    for long responses or large batches, about one more forward of the policy per update. The numbers are those
+    of a run without it."""
     max_prompt_tokens: PositiveInt | None = 64
     """Prompts are cut to their last this many tokens (the paper's IMDB prompts: at most 64); a prompts task's
     prompt that long is warned about. None: never cut (as TRL's trainers, which a config carried over from TRL

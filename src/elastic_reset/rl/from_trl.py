@@ -301,6 +301,8 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
         ("chat_template_kwargs", not get("chat_template_kwargs"), "give it to the prompts task: get_task("
                                                                   "'prompts', ..., chat_template_kwargs={...})"),
         ("fp16", not get("fp16"), "bf16 or full precision here (model.autocast)"),
+        ("gradient_checkpointing_kwargs", set(get("gradient_checkpointing_kwargs") or {}) <= {"use_reentrant"},
+         "only use_reentrant here (the layers are recomputed non-reentrantly: the same numbers)"),
         ("resume_from_checkpoint", not get("resume_from_checkpoint"), "continue a run with elastic-reset train "
                                                                       "--resume (RLTrainer(..., resume=True))"),
     ])
@@ -338,7 +340,8 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
                      "temperature": get.number("temperature", 1.0), "top_p": get.number("top_p", 1.0),
                      "top_k": get.number("top_k", None, int) or 0, "min_p": get.number("min_p") or 0.0,
                      "repetition_penalty": get.number("repetition_penalty", 1.0)},
-        "model": {"autocast": "bf16" if get("bf16") else "none", "max_prompt_tokens": None},  # TRL cuts none
+        "model": {"autocast": "bf16" if get("bf16") else "none", "max_prompt_tokens": None,  # TRL cuts none
+                  "activation_checkpointing": bool(get("gradient_checkpointing", False))},  # TRL's default: on
         "checkpoint_every": iterations("save_steps", get.number("save_steps")) if save == "steps" else 0,
         "eval": {"every": iterations("eval_steps", get.number("eval_steps") or get.number("logging_steps"))
                  if evaluate == "steps" else 0},

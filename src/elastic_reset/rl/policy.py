@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
 from torch import nn
 
 from elastic_reset.errors import ConfigError, first_line
+from elastic_reset.lm.activation_checkpointing import enable_activation_checkpointing, recomputing
 from elastic_reset.lm.scoring import ResponseOutput, device_of, forward_response, token_nll
 from elastic_reset.rl.config import ModelConfig, SamplingConfig
 from elastic_reset.lm.rollout import Rollout
@@ -81,6 +82,8 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         raise ConfigError(f"model.name={config.name!r}: the tokenizer has no eos token")
     if not model.config.is_encoder_decoder:
         tokenizer.padding_side = "left"  # decoder-only sampling continues from the right edge
+    if config.activation_checkpointing:  # before LoRA: transformers marks the base model's layers
+        enable_activation_checkpointing(model, config.name)
     if config.lora is not None:
         import reprlib
 
@@ -155,16 +158,19 @@ class Policy:
         max_prompt_tokens: prompts are truncated to this many tokens (decoder-only: keeping their end); None: never.
         autocast_dtype: the forward precision (None: fp32).
         max_text_tokens: texts scored by :meth:`nll` are truncated to this many tokens.
+        recompute: its forwards with grad recompute activations in the backward pass (the model's layers were
+            set up for it: ``model.activation_checkpointing``).
     """
 
     def __init__(self, model: nn.Module, tokenizer, *, sampling: SamplingConfig, max_prompt_tokens: int | None,
-                 autocast_dtype: torch.dtype | None, max_text_tokens: int):
+                 autocast_dtype: torch.dtype | None, max_text_tokens: int, recompute: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_prompt_tokens = max_prompt_tokens
         self.autocast_dtype = autocast_dtype
         self.max_text_tokens = max_text_tokens
+        self._recomputing = (lambda: recomputing(model)) if recompute else nullcontext
 
     @property
     def device(self) -> torch.device:
@@ -216,11 +222,12 @@ class Policy:
               entropy: bool = False, entropy_grad: bool = False) -> ResponseOutput:
         """Teacher-forced log-probs of ``rollout``'s responses under ``model`` (default: the policy), at the
         sampling temperature; ``masked``: under NLPO's action mask; ``hidden``: for a value head."""
-        return forward_response(
-            self.model if model is None else model, rollout, temperature=self.sampling.temperature,
-            autocast_dtype=self.autocast_dtype, return_hidden=hidden,
-            action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
-            compute_entropy=entropy or entropy_grad)
+        with self._recomputing():
+            return forward_response(
+                self.model if model is None else model, rollout, temperature=self.sampling.temperature,
+                autocast_dtype=self.autocast_dtype, return_hidden=hidden,
+                action_mask=rollout.action_mask if masked else None, entropy_grad=entropy_grad,
+                compute_entropy=entropy or entropy_grad)
 
     def nll(self, texts: list) -> torch.Tensor:
         """Mean token NLL of the policy on ``texts``, with grad (the multitask / S2P loss), scored as perplexity
@@ -228,6 +235,7 @@ class Policy:
         if self.is_encoder_decoder and not all(isinstance(t, (tuple, list)) and len(t) == 2 for t in texts):
             raise ConfigError("method.name: multitask on an encoder-decoder policy needs (source, target) pairs as "
                               "the task's pretrain_texts")
-        nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.max_text_tokens,
-                                autocast_dtype=self.autocast_dtype)
+        with self._recomputing():
+            nll, scored = token_nll(self.model, self.tokenizer, texts, max_tokens=self.max_text_tokens,
+                                    autocast_dtype=self.autocast_dtype)
         return nll.sum() / scored.sum().clamp(min=1)

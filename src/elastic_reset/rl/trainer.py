@@ -112,7 +112,8 @@ class RLTrainer:
         use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
         self.policy = Policy(self.model, self.tokenizer, sampling=config.sampling,
                              max_prompt_tokens=config.model.max_prompt_tokens, autocast_dtype=self.autocast_dtype,
-                             max_text_tokens=config.eval.max_text_tokens)
+                             max_text_tokens=config.eval.max_text_tokens,
+                             recompute=config.model.activation_checkpointing)
         self.reward = CheckedReward(self.task.reward_fn, self.task.name, config.bad_reward, self.device,
                                     max_steps=config.steps)
         self._check_task_inputs()
