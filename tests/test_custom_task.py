@@ -828,7 +828,7 @@ def test_the_readme_dapo_recipe_is_a_valid_config():
     config = config_from_dict(yaml.safe_load("# DAPO" + block), ["model.name=tiny-llama"])
     a = config.algo
     assert (a.ratio, a.clip_range_high, a.loss_aggregation, a.mask_truncated_completions, a.epochs) == \
-        ("token", 0.28, "token", True, 1)
+        ("token", 0.28, "batch_token", True, 1)
     assert config.kl.coef == 0.0
 
 
