@@ -313,6 +313,12 @@ def test_activation_checkpointing_refuses_a_model_whose_layers_drop_out_in_train
                                           decoder_start_token_id=0)).eval()
 
     enable_activation_checkpointing(marian(0.0), "marian")  # its functional dropout at 0: nothing to refuse
+    # GPT-2's dropout is in modules of its own, which stay in eval mode (a model built from a config starts training)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.3, attn_pdrop=0.3))
+    enable_activation_checkpointing(gpt2, "gpt2")
+    assert not any(m.training for m in gpt2.modules())
     with pytest.raises(ConfigError, match=r"^model\.activation_checkpointing: 'marian' \(MarianMTModel\) computes "
                                           r"other outputs when its layers are marked training"):
         enable_activation_checkpointing(marian(0.3), "marian")

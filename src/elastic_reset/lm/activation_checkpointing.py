@@ -41,14 +41,16 @@ def recomputing(model: nn.Module) -> Iterator[None]:
 
 def enable_activation_checkpointing(model: nn.Module, name: str) -> None:
     """Checkpoint every decoder (and encoder) layer of ``model`` (transformers' ``activation_checkpointing_enable``,
-    non-reentrant), after checking that a forward under :func:`recomputing` computes what eval mode does. ``name``:
-    the model, for the error."""
+    non-reentrant) and put it in eval mode, after checking that a forward under :func:`recomputing` computes what
+    eval mode does. ``name``: the model, for the error."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(f"model.activation_checkpointing: {name!r} ({type(model).__name__}) does not support "
                           "activation checkpointing in transformers")
     model.activation_checkpointing_enable({"use_reentrant": False})
+    model.eval()
     ids = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
-    inputs = {"input_ids": ids, **({"decoder_input_ids": ids} if model.config.is_encoder_decoder else {})}
+    inputs = {"input_ids": ids, "use_cache": False,
+              **({"decoder_input_ids": ids} if model.config.is_encoder_decoder else {})}
     with torch.no_grad():
         expected = model(**inputs).logits
     with recomputing(model), torch.enable_grad():
