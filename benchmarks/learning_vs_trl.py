@@ -8,7 +8,10 @@ drift; neither side computes reference log-probs then), constant learning rate (
 switched off), Adam, gradient clipping at 1.0, temperature 1, 2 torch threads, fp32 (``--precision bf16`` for a CPU
 with AVX-512 BF16; ``--device cuda`` for a GPU).
 
-Rows: ``TRL GRPO`` (``GRPOTrainer``, its defaults otherwise: group-normalised advantages, DAPO loss), ``ours RLOO``
+Rows: ``TRL GRPO`` (``GRPOTrainer``, its defaults otherwise: group-normalised advantages, DAPO loss; its default
+gradient checkpointing off, as our rows run: the same work per step), ``TRL GRPO, activations recomputed`` (row
+``trl_gc``: the same with TRL's default gradient checkpointing, which every run of this script before 2026-11-27
+had in its ``TRL GRPO`` row; same samples and curve, more time per step), ``ours RLOO``
 (leave-one-out baseline, whitened advantages) and ``ours PPO`` (16 prompts × 1, value head, GAE with the
 default λ = 1, 2 epochs of one minibatch: two optimizer steps per rollout; the paper's algorithm).
 
@@ -109,7 +112,7 @@ def fp32_attention_while(model, dtype):
             base.set_attn_implementation(before)
 
 
-def run_trl(args) -> dict:
+def run_trl(args, checkpointing: bool = False) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -147,6 +150,7 @@ def run_trl(args) -> dict:
             lr_scheduler_type="constant", max_completion_length=NEW_TOKENS,
             generation_kwargs={"min_new_tokens": NEW_TOKENS}, temperature=1.0, top_p=1.0,
             bf16=args.precision == "bf16", use_cpu=args.device == "cpu", disable_dropout=True, report_to="none",
+            gradient_checkpointing=checkpointing,
             logging_steps=1,
             disable_tqdm=True, save_strategy="no", max_steps=args.steps, seed=args.seed, dataloader_num_workers=0)
         trainer = GRPOTrainer(
@@ -159,11 +163,13 @@ def run_trl(args) -> dict:
         torch.set_num_threads(args.threads)
         trainer.train()
         settings = {k: str(getattr(config, k)) for k in ("loss_type", "scale_rewards", "beta", "learning_rate",
-                                                          "lr_scheduler_type", "max_grad_norm", "epsilon")}
+                                                          "lr_scheduler_type", "max_grad_norm", "epsilon",
+                                                          "gradient_checkpointing")}
         trainer = None  # breaks the trainer <-> callback-closure cycle (closures read it, so no `del`)
     del model
     gc.collect()
-    return {"row": "TRL GRPO", "config": settings, "points": points}
+    return {"row": "TRL GRPO, activations recomputed" if checkpointing else "TRL GRPO", "config": settings,
+            "points": points}
 
 
 def run_ours(args, algo: str) -> dict:
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.75, help="held-out reward to reach (default 0.75)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every this many steps (default 4)")
     parser.add_argument("--eval-samples", type=int, default=4, help="completions per held-out prompt (default 4)")
-    parser.add_argument("--rows", default="trl,rloo,ppo", help="comma-separated subset of trl,rloo,ppo")
+    parser.add_argument("--rows", default="trl,rloo,ppo", help="comma-separated subset of trl,trl_gc,rloo,ppo")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs")
     parser.add_argument("--cuda-graphs", action="store_true",
@@ -313,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         print(combine(args.combine, args.out))
         return 0
     rows_wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-    if set(rows_wanted) - {"trl", "rloo", "ppo"} or not rows_wanted:
-        parser.error(f"--rows: expected a subset of trl,rloo,ppo, got {args.rows!r}")
+    if set(rows_wanted) - {"trl", "trl_gc", "rloo", "ppo"} or not rows_wanted:
+        parser.error(f"--rows: expected a subset of trl,trl_gc,rloo,ppo, got {args.rows!r}")
     if args.steps < 1 or args.eval_every < 1 or args.eval_samples < 1:
         parser.error("--steps, --eval-every and --eval-samples must be >= 1")
 
@@ -327,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in rows_wanted:
         print(f"# running {name} ...", flush=True)
-        rows.append(run_trl(args) if name == "trl" else run_ours(args, name))
+        rows.append(run_trl(args, checkpointing=name == "trl_gc") if name.startswith("trl") else run_ours(args, name))
     trl = next((r for r in rows if r["row"] == "TRL GRPO"), None)
     for row in rows:
         row["time_to_target_s"] = time_to(row["points"], args.target)
