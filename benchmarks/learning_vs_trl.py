@@ -13,7 +13,10 @@ gradient checkpointing off, as our rows run: the same work per step), ``TRL GRPO
 ``trl_gc``: the same with TRL's default gradient checkpointing, which every run of this script before 2026-11-27
 had in its ``TRL GRPO`` row; same samples and curve, more time per step), ``ours RLOO``
 (leave-one-out baseline, whitened advantages) and ``ours PPO`` (16 prompts × 1, value head, GAE with the
-default λ = 1, 2 epochs of one minibatch: two optimizer steps per rollout; the paper's algorithm).
+default λ = 1, 2 epochs of one minibatch: two optimizer steps per rollout; the paper's algorithm). Against TRL's
+``RLOOTrainer``: ``TRL RLOO`` (row ``trl_rloo``: an ``RLOOConfig`` with the same shapes, β = 0, its defaults
+otherwise) and ``ours RLOO as RLOOTrainer`` (row ``rloo_as_trl``: the same ``RLOOConfig`` carried over by
+``config_from_rloo``, as a TRL user would; its ratio is to ``TRL RLOO``, every other row's to ``TRL GRPO``).
 
 Held-out evaluation, identical for every row and outside the timed training: the 10 validation prompts of the
 task (never trained on) × ``--eval-samples`` completions each, drawn by this project's sampler with a fixed seed
@@ -22,6 +25,7 @@ is subtracted). The report gives, per row, held-out reward against wall time and
 figure), and the time to first reach ``--target`` (an absolute held-out reward) as a ratio ours / TRL.
 
     .venv/bin/python benchmarks/learning_vs_trl.py [--steps 24] [--lr 2e-3] [--target 0.75] [--rows trl,rloo,ppo]
+    .venv/bin/python benchmarks/learning_vs_trl.py --rows trl_rloo,rloo_as_trl ...   # TRL's RLOOTrainer
     .venv/bin/python benchmarks/learning_vs_trl.py --combine seed0.json seed1.json ... --out seeds.json
 
 Writes ``benchmarks/results/learning_vs_trl.json`` and ``.png``. One seed per row: a ratio from one run is a
@@ -52,6 +56,29 @@ NEW_TOKENS = 24
 PROMPTS, GENERATIONS = 4, 4
 LORA = dict(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "v_proj"])
 EVAL_SEED = 1234
+ROWS = {"trl": "TRL GRPO", "trl_gc": "TRL GRPO, activations recomputed", "trl_rloo": "TRL RLOO",
+        "rloo": "ours RLOO", "ppo": "ours PPO", "rloo_as_trl": "ours RLOO as RLOOTrainer"}
+"""``--rows`` names and the rows they make."""
+BASELINES = {"TRL GRPO", "TRL RLOO"}
+
+
+def baseline_of(row: str) -> str:
+    """The TRL row a row's ratio is taken to."""
+    return "TRL RLOO" if row == ROWS["rloo_as_trl"] else "TRL GRPO"
+
+
+def trl_config(args, output_dir: str, kind: str = "grpo", checkpointing: bool = False):
+    """TRL's ``GRPOConfig`` (or ``RLOOConfig``) for this control: the shapes above, β = 0, constant lr."""
+    from trl import GRPOConfig, RLOOConfig
+
+    return (GRPOConfig if kind == "grpo" else RLOOConfig)(
+        output_dir=output_dir, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
+        gradient_accumulation_steps=1, num_iterations=1, beta=0.0, learning_rate=args.lr,
+        lr_scheduler_type="constant", max_completion_length=NEW_TOKENS,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS}, temperature=1.0, top_p=1.0,
+        bf16=args.precision == "bf16", use_cpu=args.device == "cpu", disable_dropout=True, report_to="none",
+        gradient_checkpointing=checkpointing, logging_steps=1, disable_tqdm=True, save_strategy="no",
+        max_steps=args.steps, seed=args.seed, dataloader_num_workers=0)
 
 
 class HeldOut:
@@ -112,12 +139,12 @@ def fp32_attention_while(model, dtype):
             base.set_attn_implementation(before)
 
 
-def run_trl(args, checkpointing: bool = False) -> dict:
+def run_trl(args, kind: str = "grpo", checkpointing: bool = False) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer, RLOOTrainer
 
     from elastic_reset.models import load_smollm2
     from elastic_reset.rewards.vader import vader_positive
@@ -144,16 +171,8 @@ def run_trl(args, checkpointing: bool = False) -> dict:
                 print(f"#   TRL step {step}: held-out {points[-1]['reward']:.3f} at {wall:.0f} s", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="learn-trl-") as tmp:
-        config = GRPOConfig(
-            output_dir=tmp, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
-            gradient_accumulation_steps=1, num_iterations=1, beta=0.0, learning_rate=args.lr,
-            lr_scheduler_type="constant", max_completion_length=NEW_TOKENS,
-            generation_kwargs={"min_new_tokens": NEW_TOKENS}, temperature=1.0, top_p=1.0,
-            bf16=args.precision == "bf16", use_cpu=args.device == "cpu", disable_dropout=True, report_to="none",
-            gradient_checkpointing=checkpointing,
-            logging_steps=1,
-            disable_tqdm=True, save_strategy="no", max_steps=args.steps, seed=args.seed, dataloader_num_workers=0)
-        trainer = GRPOTrainer(
+        config = trl_config(args, tmp, kind, checkpointing)
+        trainer = (GRPOTrainer if kind == "grpo" else RLOOTrainer)(
             model=model, reward_funcs=reward, args=config,
             train_dataset=Dataset.from_dict({"prompt": list(get_task("vader").train_prompts)}),
             processing_class=tokenizer, callbacks=[Evaluate()],
@@ -162,14 +181,15 @@ def run_trl(args, checkpointing: bool = False) -> dict:
         trainer.remove_callback(PrinterCallback)
         torch.set_num_threads(args.threads)
         trainer.train()
-        settings = {k: str(getattr(config, k)) for k in ("loss_type", "scale_rewards", "beta", "learning_rate",
-                                                          "lr_scheduler_type", "max_grad_norm", "epsilon",
-                                                          "gradient_checkpointing")}
+        settings = {k: str(getattr(config, k)) for k in ("loss_type", "scale_rewards", "normalize_advantages",
+                                                          "beta", "learning_rate", "lr_scheduler_type",
+                                                          "max_grad_norm", "epsilon", "gradient_checkpointing")
+                    if hasattr(config, k)}
         trainer = None  # breaks the trainer <-> callback-closure cycle (closures read it, so no `del`)
     del model
     gc.collect()
-    return {"row": "TRL GRPO, activations recomputed" if checkpointing else "TRL GRPO", "config": settings,
-            "points": points}
+    row = ROWS["trl_rloo"] if kind == "rloo" else ROWS["trl_gc"] if checkpointing else ROWS["trl"]
+    return {"row": row, "config": settings, "points": points}
 
 
 def run_ours(args, algo: str) -> dict:
@@ -194,6 +214,16 @@ def run_ours(args, algo: str) -> dict:
         "threads": args.threads,
     }
     resolved = config_from_dict(config)
+    if algo == "rloo_as_trl":  # what a TRL user's RLOOConfig becomes here, with this control's model and task
+        from elastic_reset.rl.from_trl import config_from_rloo
+
+        rloo = trl_config(args, tempfile.gettempdir(), "rloo")
+        rloo.generation_kwargs = None  # refused here: the same setting as sampling.min_new_tokens below
+        resolved = config_from_rloo(rloo, [f"{k}={json.dumps(v)}" for k, v in (
+            ("model.name", "smollm2"), ("model.lora", dict(LORA)), ("model.device", args.device),
+            ("task.name", "vader"), ("sampling.min_new_tokens", NEW_TOKENS),
+            ("kl.log_every", 0), ("eval.every", 0), ("checkpoint_every", 0), ("progress", False),
+            ("threads", args.threads))])
     points: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="learn-ours-") as tmp:
         trainer = RLTrainer(resolved, Path(tmp) / "run")
@@ -213,7 +243,7 @@ def run_ours(args, algo: str) -> dict:
         trainer.metrics.close()
         trainer = None  # closures read it, so no `del`
     gc.collect()
-    return {"row": f"ours {algo.upper()}", "config": {"algo": resolved.algo.__dict__}, "points": points}
+    return {"row": ROWS[algo], "config": {"algo": resolved.algo.__dict__}, "points": points}
 
 
 def time_to(points: list[dict], target: float) -> float | None:
@@ -276,12 +306,14 @@ def combine(paths: list[Path], out: Path) -> str:
     for row, results in per_row.items():
         times = [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf") for r in results]
         medians[row] = statistics.median(times)
-    trl = medians.get("TRL GRPO")
-    summary = {row: {"median_time_to_target_s": t,
-                     "median_s_per_step": statistics.median(r["total_wall_s"] / r["points"][-1]["step"]
-                                                            for r in per_row[row]),
-                     "ratio_of_medians_vs_trl": None if trl in (None, float("inf")) or row == "TRL GRPO"
-                     else t / trl} for row, t in medians.items()}
+    summary = {}
+    for row, t in medians.items():
+        trl = medians.get(baseline_of(row))
+        summary[row] = {"median_time_to_target_s": t,
+                        "median_s_per_step": statistics.median(r["total_wall_s"] / r["points"][-1]["step"]
+                                                               for r in per_row[row]),
+                        "ratio_of_medians_vs_trl": None if trl in (None, float("inf")) or row in BASELINES
+                        else t / trl}
     lines.append("| median | " + " | ".join(f"{summary[row]['median_s_per_step']:.1f}, "
                                           + ("not reached" if medians[row] == float("inf") else f"{medians[row]:.0f} s")
                                           for row in rows) + " | " + " ".join(
@@ -303,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.75, help="held-out reward to reach (default 0.75)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every this many steps (default 4)")
     parser.add_argument("--eval-samples", type=int, default=4, help="completions per held-out prompt (default 4)")
-    parser.add_argument("--rows", default="trl,rloo,ppo", help="comma-separated subset of trl,trl_gc,rloo,ppo")
+    parser.add_argument("--rows", default="trl,rloo,ppo", help=f"comma-separated subset of {','.join(ROWS)}")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs")
     parser.add_argument("--cuda-graphs", action="store_true",
@@ -319,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print(combine(args.combine, args.out))
         return 0
     rows_wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-    if set(rows_wanted) - {"trl", "trl_gc", "rloo", "ppo"} or not rows_wanted:
-        parser.error(f"--rows: expected a subset of trl,trl_gc,rloo,ppo, got {args.rows!r}")
+    if set(rows_wanted) - set(ROWS) or not rows_wanted:
+        parser.error(f"--rows: expected a subset of {','.join(ROWS)}, got {args.rows!r}")
     if args.steps < 1 or args.eval_every < 1 or args.eval_samples < 1:
         parser.error("--steps, --eval-every and --eval-samples must be >= 1")
 
@@ -333,13 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in rows_wanted:
         print(f"# running {name} ...", flush=True)
-        rows.append(run_trl(args, checkpointing=name == "trl_gc") if name.startswith("trl") else run_ours(args, name))
-    trl = next((r for r in rows if r["row"] == "TRL GRPO"), None)
+        rows.append(run_trl(args, "rloo" if name == "trl_rloo" else "grpo", checkpointing=name == "trl_gc")
+                    if name.startswith("trl") else run_ours(args, name))
     for row in rows:
         row["time_to_target_s"] = time_to(row["points"], args.target)
         row["final_reward"] = row["points"][-1]["reward"]
         row["total_wall_s"] = row["points"][-1]["wall_s"]
-        if trl is not None and row is not trl:
+    for row in rows:
+        trl = next((r for r in rows if r["row"] == baseline_of(row["row"])), None)
+        if trl is not None and row["row"] not in BASELINES:
             ours, theirs = row["time_to_target_s"], trl["time_to_target_s"]
             # TRL never reaching the target bounds the ratio from above by its whole run's time.
             bound = theirs if theirs is not None else trl["total_wall_s"]
