@@ -120,6 +120,16 @@ def test_the_engine_trains_on_cuda_through_captured_graphs(tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
+def test_activation_checkpointing_on_cuda_changes_no_number_with_graph_decoding(tmp_path):
+    settings = ("model.device=cuda", "steps=3", "model.lora={r: 4, alpha: 8}", "sampling.cuda_graphs=true",
+                "model.autocast=bf16")
+    kept = without_times(RLTrainer(tiny_config(*settings), tmp_path / "kept").train())
+    recomputed = RLTrainer(tiny_config(*settings, "model.activation_checkpointing=true"), tmp_path / "recomputed")
+    assert without_times(recomputed.train()) == kept
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")
 def test_resume_on_cuda_is_exact(tmp_path):
     RLTrainer(tiny_config("model.device=cuda", "steps=4", "checkpoint_every=2"), tmp_path / "full").train()
     RLTrainer(tiny_config("model.device=cuda", "steps=2", "checkpoint_every=2"), tmp_path / "cut").train()

@@ -291,7 +291,9 @@ def test_activation_checkpointing_recomputes_the_layers_and_changes_no_number(tm
     for on in (False, True):
         trainer = RLTrainer(tiny_config(*extra, f"model.activation_checkpointing={on}"), tmp_path / str(on))
         calls = []
-        for layer in trainer.model.get_base_model().model.layers if trainer.is_lora else trainer.model.model.layers:
+        base = trainer.model.get_base_model() if trainer.is_lora else trainer.model
+        assert not base.get_input_embeddings()._forward_hooks  # no hook of reentrant checkpointing in decoding
+        for layer in base.model.layers:
             layer.self_attn.register_forward_hook(lambda *_: calls.append(1))
         records = without_times([trainer.train_step() for _ in range(2)])
         runs[on] = records, trainable(trainer), calls

@@ -40,13 +40,16 @@ def recomputing(model: nn.Module) -> Iterator[None]:
 
 
 def enable_activation_checkpointing(model: nn.Module, name: str) -> None:
-    """Checkpoint every decoder (and encoder) layer of ``model`` (transformers' ``activation_checkpointing_enable``,
-    non-reentrant) and put it in eval mode, after checking that a forward under :func:`recomputing` computes what
-    eval mode does. ``name``: the model, for the error."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"model.activation_checkpointing: {name!r} ({type(model).__name__}) does not support "
+    """Checkpoint every decoder (and encoder) layer of ``model`` (a transformers model, or peft's around one:
+    transformers' ``activation_checkpointing_enable``, non-reentrant) and put it in eval mode, after checking that
+    a forward under :func:`recomputing` computes what eval mode does. ``name``: the model, for the error."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"model.activation_checkpointing: {name!r} ({type(base).__name__}) does not support "
                           "activation checkpointing in transformers")
-    model.activation_checkpointing_enable({"use_reentrant": False})
+    base.activation_checkpointing_enable({"use_reentrant": False})
+    base.disable_input_require_grads()  # a hook only reentrant checkpointing needs; it would run in every decoding step
     model.eval()
     ids = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
     inputs = {"input_ids": ids, "use_cache": False,
@@ -56,5 +59,5 @@ def enable_activation_checkpointing(model: nn.Module, name: str) -> None:
     with recomputing(model), torch.enable_grad():
         got = model(**inputs).logits.detach()
     if not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
-        raise ConfigError(f"model.activation_checkpointing: {name!r} ({type(model).__name__}) computes other outputs "
+        raise ConfigError(f"model.activation_checkpointing: {name!r} ({type(base).__name__}) computes other outputs "
                           "when its layers are marked training (dropout in the layers' own forward); set it to false")

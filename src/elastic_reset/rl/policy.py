@@ -82,8 +82,6 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
         raise ConfigError(f"model.name={config.name!r}: the tokenizer has no eos token")
     if not model.config.is_encoder_decoder:
         tokenizer.padding_side = "left"  # decoder-only sampling continues from the right edge
-    if config.activation_checkpointing:  # before LoRA: transformers marks the base model's layers
-        enable_activation_checkpointing(model, config.name)
     if config.lora is not None:
         import reprlib
 
@@ -105,6 +103,8 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
             target_modules=targets, bias="none",
             task_type="SEQ_2_SEQ_LM" if model.config.is_encoder_decoder else "CAUSAL_LM",
         ))
+    if config.activation_checkpointing:  # after LoRA: peft would add back the input hook it removes
+        enable_activation_checkpointing(model, config.name)
     # No dropout anywhere: PPO's ratio compares log-probs of the same weights, and rollouts must be reproducible.
     model.eval()
     return model, tokenizer
