@@ -79,6 +79,8 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
     ({"multi_objective_aggregation": "sum_of_logs"}, r"^GRPOConfig\.multi_objective_aggregation: 'sum_of_logs': "),
     ({"save_strategy": "epoch"}, r"^GRPOConfig\.save_strategy: 'epoch': only steps"),
+    ({"neftune_noise_alpha": 5.0}, r"^GRPOConfig\.neftune_noise_alpha: 5\.0: no NEFTune noise here"),
+    ({"fsdp": "full_shard"}, r"^GRPOConfig\.fsdp: .*: several processes run under accelerate launch here"),
     ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}},
      r"^GRPOConfig\.gradient_checkpointing_kwargs: \{'preserve_rng_state': False\}: only use_reentrant here"),
     ({"num_iterations": 2, "save_steps": 3}, r"^GRPOConfig\.save_steps: 3 optimizer steps are not whole iterations "

@@ -303,6 +303,11 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
         ("fp16", not get("fp16"), "bf16 or full precision here (model.autocast)"),
         ("gradient_checkpointing_kwargs", set(get("gradient_checkpointing_kwargs") or {}) <= {"use_reentrant"},
          "only use_reentrant here (the layers are recomputed non-reentrantly: the same numbers)"),
+        ("neftune_noise_alpha", get("neftune_noise_alpha") is None, "no NEFTune noise here"),
+        ("optim_args", not get("optim_args"), "AdamW's settings are the algo.* ones here"),
+        ("optim_target_modules", get("optim_target_modules") is None, "AdamW on every trainable weight here"),
+        *[(name, not get(name), "several processes run under accelerate launch here (data-parallel; FSDP2 with "
+                                "the TRL callback)") for name in ("deepspeed", "fsdp", "parallelism_config")],
         ("resume_from_checkpoint", not get("resume_from_checkpoint"), "continue a run with elastic-reset train "
                                                                       "--resume (RLTrainer(..., resume=True))"),
     ])
