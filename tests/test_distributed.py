@@ -77,6 +77,22 @@ def test_ranks_share_the_batch_and_agree_on_weights_ema_and_resets(two_rank_run)
     assert ema0["num_steps"] == ema1["num_steps"] == 6
 
 
+def test_trls_dapo_divisor_and_the_adaptive_entropy_weight_are_the_whole_batchs_on_two_ranks(tmp_path):
+    out = tmp_path / "run"
+    _run(_launch(WORKER, TINY, out, "--drop-first-on-rank0", *SETTINGS, "algo.loss_aggregation=batch_token",
+                 "algo.entropy_target=0.5", "algo.entropy_coef=0.01", "bad_reward=drop"))
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    calls = [r["losses"] for r in ranks]
+    assert len(calls[0]) == len(calls[1]) == 6 * 4  # 6 iterations of 2 epochs x 2 minibatches
+    for step in range(6):
+        mine, theirs = ([c for c in rank if c[0] == step] for rank in calls)
+        assert sum(c[1] for c in mine) < sum(c[1] for c in theirs)  # rank 0 dropped a sample
+        divisors = {c[2] for c in mine + theirs}
+        # one divisor for every minibatch of both ranks: their real tokens per minibatch and rank
+        assert len(divisors) == 1 and divisors.pop() == pytest.approx(sum(c[1] for c in mine + theirs) / 8)
+    assert ranks[0]["entropy_ctl"] == ranks[1]["entropy_ctl"] and ranks[0]["entropy_ctl"]["coef"] != 0.01
+
+
 def test_rank_zero_alone_writes_metrics_and_checkpoints(two_rank_run):
     records = read_metrics(two_rank_run / "metrics.jsonl")
     train = [r["step"] for r in records if "reward" in r]
