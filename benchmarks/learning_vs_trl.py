@@ -16,7 +16,9 @@ had in its ``TRL GRPO`` row; same samples and curve, more time per step), ``ours
 default λ = 1, 2 epochs of one minibatch: two optimizer steps per rollout; the paper's algorithm). Against TRL's
 ``RLOOTrainer``: ``TRL RLOO`` (row ``trl_rloo``: an ``RLOOConfig`` with the same shapes, β = 0, its defaults
 otherwise) and ``ours RLOO as RLOOTrainer`` (row ``rloo_as_trl``: the same ``RLOOConfig`` carried over by
-``config_from_rloo``, as a TRL user would; its ratio is to ``TRL RLOO``, every other row's to ``TRL GRPO``).
+``config_from_rloo``, as a TRL user would; its ratio is to ``TRL RLOO``, every other row's to ``TRL GRPO``);
+``ours GRPO as GRPOTrainer`` (row ``grpo_as_trl``: the ``TRL GRPO`` row's ``GRPOConfig`` through
+``config_from_grpo``).
 
 Held-out evaluation, identical for every row and outside the timed training: the 10 validation prompts of the
 task (never trained on) × ``--eval-samples`` completions each, drawn by this project's sampler with a fixed seed
@@ -57,7 +59,8 @@ PROMPTS, GENERATIONS = 4, 4
 LORA = dict(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "v_proj"])
 EVAL_SEED = 1234
 ROWS = {"trl": "TRL GRPO", "trl_gc": "TRL GRPO, activations recomputed", "trl_rloo": "TRL RLOO",
-        "rloo": "ours RLOO", "ppo": "ours PPO", "rloo_as_trl": "ours RLOO as RLOOTrainer"}
+        "rloo": "ours RLOO", "ppo": "ours PPO", "rloo_as_trl": "ours RLOO as RLOOTrainer",
+        "grpo_as_trl": "ours GRPO as GRPOTrainer"}
 """``--rows`` names and the rows they make."""
 BASELINES = {"TRL GRPO", "TRL RLOO"}
 
@@ -214,12 +217,14 @@ def run_ours(args, algo: str) -> dict:
         "threads": args.threads,
     }
     resolved = config_from_dict(config)
-    if algo == "rloo_as_trl":  # what a TRL user's RLOOConfig becomes here, with this control's model and task
-        from elastic_reset.rl.from_trl import config_from_rloo
+    if algo in ("rloo_as_trl", "grpo_as_trl"):  # what a TRL user's config becomes here, this control's model and task
+        from elastic_reset.rl.from_trl import config_from_grpo, config_from_rloo
 
-        rloo = trl_config(args, tempfile.gettempdir(), "rloo")
-        rloo.generation_kwargs = None  # refused here: the same setting as sampling.min_new_tokens below
-        resolved = config_from_rloo(rloo, [f"{k}={json.dumps(v)}" for k, v in (
+        kind = algo.split("_")[0]
+        theirs = trl_config(args, tempfile.gettempdir(), kind)
+        theirs.generation_kwargs = None  # refused here: the same setting as sampling.min_new_tokens below
+        carry = config_from_rloo if kind == "rloo" else config_from_grpo
+        resolved = carry(theirs, [f"{k}={json.dumps(v)}" for k, v in (
             ("model.name", "smollm2"), ("model.lora", dict(LORA)), ("model.device", args.device),
             ("task.name", "vader"), ("sampling.min_new_tokens", NEW_TOKENS),
             ("kl.log_every", 0), ("eval.every", 0), ("checkpoint_every", 0), ("progress", False),
