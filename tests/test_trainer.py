@@ -92,7 +92,7 @@ def test_nlpo_with_a_ratio_starts_each_batch_at_ratio_one(tmp_path):
                                     "algo.samples_per_prompt=2", "algo.epochs=2", "algo.minibatch_size=8"), tmp_path)
     seen = []
     original = trainer.estimator.loss
-    trainer.estimator.loss = lambda out, mb: (lambda r: (seen.append(r[1]), r)[1])(original(out, mb))
+    trainer.estimator.loss = lambda *args: (lambda r: (seen.append(r[1]), r)[1])(original(*args))
     trainer.train_step()
     assert seen[0]["approx_kl"] == pytest.approx(0.0, abs=1e-6) and seen[1]["approx_kl"] > 1e-5
 
