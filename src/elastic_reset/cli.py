@@ -5,13 +5,12 @@
     elastic-reset compare CONFIG.yaml --out GRID_DIR --methods kl,elastic_reset --seeds 3
                   [--set key=value ...] [--method-set LABEL:key=value ...] [--drift perplexity|kl_init|drift_bleu]
                   [--score reward|task_bleu] [--model NAME] [--prompts FILE|DATASET] [--reward SPEC ...]
-                  [--trl grpo|rloo]
+                  [--trl grpo|rloo] [--jobs N] [--prune-finished]
     elastic-reset pareto RUN_DIR... --out FIG.png [--drift perplexity|kl_init|drift_bleu] [--score reward|task_bleu]
                   (default score and drift: the runs' task's own, recorded in each run's task.json)
     elastic-reset export RUN_DIR --out DIR [--step N] [--ema] [--merge] [--push-to-hub REPO]
     elastic-reset sweep RUN_DIR --lambdas 0.5,1.5 [--toward init|ema]
-    elastic-reset build gold-pairs [--data-dir ../shared/data] [--n-pairs N] [--temperature T] [--seed S]
-    elastic-reset demo [--out DIR] [--steps N]
+    elastic-reset demo [--out DIR] [--steps N] [--model smollm2|tiny-llama]
     elastic-reset config [PREFIX]       (every run-config setting: key, type, default, what it does)
     elastic-reset build imdb-classifier [--data-dir ../shared/data] [--out DIR] [--n-train N] [--n-test N]
                   [--epochs E] [--batch-size B] [--max-length L] [--lr LR] [--seed S] [--force]
@@ -21,6 +20,7 @@
     elastic-reset build translation-agents --data-dir ../shared/data [--out DIR] [--corpus tatoeba|multi30k]
                   [--max-epochs N] [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda]
                   [--force] [--resume] [--adapt DIR]
+    elastic-reset build gold-pairs [--data-dir ../shared/data] [--n-pairs N] [--temperature T] [--seed S]
                   (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
