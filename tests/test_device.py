@@ -59,10 +59,14 @@ def test_one_bf16_detection_decides_for_the_engine_and_the_reward_classifier(mon
         assert not isinstance(classifier._autocast(torch.device("cpu"), False), torch.autocast)
 
 
-@pytest.mark.parametrize("where,expected", [("cpu", "cpu"), ("model", "cpu")])
-def test_ema_device_setting_places_the_ema(tmp_path, where, expected):
-    trainer = RLTrainer(tiny_config("model.device=cpu", f"method.ema_device={where}"), tmp_path / "run")
-    assert trainer.generator.device.type == "cpu"
+@pytest.mark.parametrize("device,where", [
+    ("cpu", "cpu"), ("cpu", "model"),
+    pytest.param("cuda", "model", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine)")])])
+def test_ema_device_setting_places_the_ema(tmp_path, device, where):
+    trainer = RLTrainer(tiny_config(f"model.device={device}", f"method.ema_device={where}"), tmp_path / "run")
+    expected = device if where == "model" else "cpu"
+    assert trainer.generator.device.type == device
     assert trainer.method.ema.device.type == expected
     assert all(t.device.type == expected for t in trainer.method.ema.ema)
 

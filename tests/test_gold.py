@@ -107,7 +107,8 @@ def test_wikitext_prompts_are_detokenized_paragraph_openings(shared_data):
     assert prompts == paragraph_prompts(shared_data, 20, seed=0) != paragraph_prompts(shared_data, 20, seed=1)
 
 
-def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_data, tiny_models, tmp_path):
+def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_data, tiny_models, tmp_path,
+                                                                        monkeypatch):
     from elastic_reset.evaluation.runs import TASK_FILE
     from elastic_reset.reward_models.model import RewardModelConfig
     from elastic_reset.reward_models.train import train_reward_model
@@ -121,6 +122,13 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
     proxy = tmp_path / "proxy"
     train_reward_model(RewardModelConfig(backbone="tiny-llama", data=[str(pairs)], batch_size=4, max_tokens=64),
                        proxy, progress=False, log=lambda _: None)
+    calls = []  # the gold's texts and log-odds, call by call; an untrained classifier would score every text ~0
+
+    def gold_log_odds(self, texts):
+        calls.append((list(texts), [t.count("e") / 4 - 2.0 for t in texts]))
+        return calls[-1][1]
+
+    monkeypatch.setattr(SentimentReward, "log_odds", gold_log_odds)
     task = get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(proxy), gold=str(tiny_models / "gold"),
                     n_train=16, n_eval=4, n_reference=4, n_forget=4)
     config = tiny_config("steps=2", "eval.every=2", "eval.num_prompts=4", "eval.num_texts=4", "eval.batch_size=4",
@@ -129,8 +137,12 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
     first, last = records[0], records[-1]
     assert first["eval/win_rate"] == first["eval_forget/win_rate"] == 0.5
     for record in (first, last):
-        assert 0 < record["eval/gold"] < 1 and 0 < record["eval_forget/gold"] < 1
-        assert record["eval/gold"] == pytest.approx(1 / (1 + math.exp(-record["eval/gold_log_odds"])), abs=0.05)
+        for name, prompts in (("eval", task.eval_prompts[:4]), ("eval_forget", task.eval_sets["forget"])):
+            # the gold scored this set's prompts + the policy's completions: its metrics are those scores' means
+            texts, log_odds = next(c for c in calls if [t[:len(p)] for t, p in zip(c[0], prompts)] == prompts
+                                   and record[f"{name}/gold_log_odds"] == pytest.approx(sum(c[1]) / len(c[1])))
+            assert len(texts) == len(prompts) and len(set(log_odds)) > 1
+            assert record[f"{name}/gold"] == pytest.approx(sum(1 / (1 + math.exp(-x)) for x in log_odds) / 4)
         assert "eval/perplexity" in record and "eval_forget/perplexity" not in record
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):

@@ -253,12 +253,19 @@ def test_rewards_normalised_before_the_sum_need_a_task_of_several_weighted_rewar
 
 
 def test_kl_reference_ema_uses_the_ema_weights(tmp_path):
-    # Right after an elastic reset the EMA is θ0, so with reference=ema the first KL after it is measured
-    # against θ0; before any update the EMA equals the policy, so the first iteration's KL is exactly 0.
-    config = tiny_config("method.name=elastic_reset", "kl.reference=ema", "kl.estimator=k3")
-    records = RLTrainer(config, tmp_path).train()
-    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert records[1]["kl"] > 0
+    # β = 0: both runs take the same steps and only the reference of the logged KL differs. Before any update the
+    # EMA is the policy (KL 0); after it the EMA lags the policy less than θ0 does; the reset at 3 sets the EMA to
+    # θ0, so the KL of iteration 4 is the one against θ0.
+    runs = {}
+    for reference in ("init", "ema"):
+        config = tiny_config("method.name=elastic_reset", "method.reset_every=3", "kl.coef=0", "kl.target=null",
+                             "kl.log_every=1", f"kl.reference={reference}", "kl.estimator=k3", "steps=4")
+        runs[reference] = RLTrainer(config, tmp_path / reference).train()
+    init, ema = runs["init"], runs["ema"]
+    assert [r["reward"] for r in ema] == [r["reward"] for r in init]  # the same trajectory
+    assert ema[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert 0 < ema[1]["kl"] < 0.9 * init[1]["kl"] and 0 < ema[2]["kl"] < 0.9 * init[2]["kl"]
+    assert ema[3]["kl"] == pytest.approx(init[3]["kl"], rel=1e-5)
 
 
 def test_nlpo_mask_model_is_delayed_then_synced(tmp_path):
@@ -277,10 +284,14 @@ def test_nlpo_mask_model_is_delayed_then_synced(tmp_path):
 def test_lora_policy_trains_only_adapters(tmp_path):
     config = tiny_config(model={"lora": {"r": 4, "alpha": 8}}, method={"name": "elastic_reset", "reset_every": 2})
     trainer = RLTrainer(config, tmp_path)
-    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    params = dict(trainer.model.named_parameters())
+    base = {n: p.detach().clone() for n, p in params.items() if "lora_" not in n}
+    adapters = {n: p.detach().clone() for n, p in params.items() if "lora_B" in n}
+    assert base and adapters and not any(params[n].requires_grad for n in base)
     trainer.train()
     assert all("lora_" in n for n in trainer.method.ema.names)
-    assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
+    assert all(torch.equal(params[n], p) for n, p in base.items())
+    assert any(not torch.equal(params[n], p) for n, p in adapters.items())  # the adapters did train
 
 
 @pytest.mark.parametrize("extra", [("algo.name=ppo",), ("algo.name=rloo", "method.name=multitask"),
