@@ -31,11 +31,18 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path) -> set[str]:
-    """Every ``elastic_reset.*`` module this file imports, at any depth (lazy imports inside functions count)."""
+def _imports(path: Path, root: Path = PACKAGE) -> set[str]:
+    """Every ``elastic_reset.*`` module this file imports, at any depth (lazy imports inside functions count);
+    relative imports are resolved against the file's package."""
     found = set()
+    package = path.relative_to(root).parent.parts
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elastic_reset"):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[:len(package) - node.level + 1] + ((node.module,) if node.module else ()))
+            if base:
+                found.add(base)
+            found.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elastic_reset"):
             base = node.module.removeprefix("elastic_reset").lstrip(".")
             found.add(base)
             found.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
@@ -88,3 +95,10 @@ def test_no_import_cycle_between_modules():
         if start not in state:
             cycle = visit(start, [])
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_relative_imports_are_resolved_against_the_package(tmp_path):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "x.py").write_text("from ..cli import main\nfrom . import trainer\nfrom .ops import f\n")
+    found = _imports(tmp_path / "rl" / "x.py", root=tmp_path)
+    assert found == {"cli", "cli.main", "rl", "rl.trainer", "rl.ops", "rl.ops.f"}

@@ -92,7 +92,11 @@ def test_sentiment_reward_is_one_probability_per_completion(reward_dir):
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         reward(["a", "b"], ["c"])
     texts, labels = synthetic_reviews(8)
-    assert 0.0 <= accuracy(reward_dir, texts, labels, max_length=64) <= 1.0
+    probs = reward.score(texts)
+    right = [(p >= 0.5) == bool(y) for p, y in zip(probs, labels)]
+    assert accuracy(reward_dir, texts, labels, max_length=64) == sum(right) / len(right)
+    flipped = [1 - y for y in labels]
+    assert accuracy(reward_dir, texts, flipped, max_length=64) == 1 - sum(right) / len(right)
 
 
 def test_training_rejects_bad_labels(tmp_path):

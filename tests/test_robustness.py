@@ -386,11 +386,15 @@ def test_lora_targets_matching_some_modules_still_load():
     assert trained and all(".v_proj.lora_" in n for n in trained)  # as before: peft skips a target it cannot find
 
 
-def test_a_run_at_the_largest_seed_trains_and_evaluates(tmp_path):
+@pytest.mark.parametrize("rehearsal", [(), ("rehearsal.prompts=12", "rehearsal.clusters=2", "rehearsal.top_k=3",
+                                              "rehearsal.batch=3")])
+def test_a_run_at_the_largest_seed_trains_and_evaluates(tmp_path, rehearsal):
+    # every generator the trainer seeds from it (sampling per rank, evaluation, prompt order, rehearsal's answers)
     from elastic_reset.rl.config import MAX_SEED
 
-    records = RLTrainer(cfg(f"seed={MAX_SEED}", "steps=1", "eval.every=1"), tmp_path / "run").train()
+    records = RLTrainer(cfg(f"seed={MAX_SEED}", "steps=1", "eval.every=1", *rehearsal), tmp_path / "run").train()
     assert [r["step"] for r in records if "reward" in r] == [1]
+    assert [r["step"] for r in records if "eval/reward" in r] == [0, 1]
 
 
 def _raise(error: BaseException):

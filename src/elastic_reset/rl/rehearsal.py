@@ -46,7 +46,8 @@ def select_representatives(embeddings: np.ndarray, scores: Sequence[float], clus
                           f"embeddings and {len(scores)} scores")
     if clusters > len(scores):
         raise ConfigError(f"rehearsal.clusters: {clusters} clusters of {len(scores)} candidates")
-    labels = KMeans(n_clusters=clusters, n_init=10, random_state=seed).fit_predict(embeddings)
+    # scikit-learn takes seeds below 2**32; a run's seed may be any signed 64-bit integer
+    labels = KMeans(n_clusters=clusters, n_init=10, random_state=seed % 2**32).fit_predict(embeddings)
     chosen = []
     for cluster in range(clusters):
         members = np.flatnonzero(labels == cluster)
