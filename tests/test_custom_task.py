@@ -556,7 +556,7 @@ def test_the_chat_template_is_applied_once_the_tokenizer_is_known(files):
     tok = byte_tokenizer()
     t = task(files)
     t.bind_tokenizer(tok)  # no template: prompts unchanged
-    assert set(t.train_prompts) <= set(PROMPTS)
+    assert t.train_prompts == t._raw["train_prompts"] and set(t.train_prompts) <= set(PROMPTS)
     with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: true, but"):
         task(files, chat_template=True).bind_tokenizer(tok)
     tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
@@ -568,7 +568,7 @@ def test_the_chat_template_is_applied_once_the_tokenizer_is_known(files):
     assert t.reward_fn([t.train_prompts[0]], [LETTERS[first] * 2]) == [1.0]
     off = task(files, chat_template=False)
     off.bind_tokenizer(tok)
-    assert set(off.train_prompts) <= set(PROMPTS)
+    assert off.train_prompts == off._raw["train_prompts"] and set(off.train_prompts) <= set(PROMPTS)
 
 
 def test_the_trainer_binds_the_tokenizer_so_the_template_choice_is_applied(files):

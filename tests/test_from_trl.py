@@ -116,7 +116,8 @@ def test_a_grpo_config_trains_here(tmp_path):
     records = RLTrainer(config, tmp_path / "run", task=task).train()
     train = [r for r in records if "reward" in r]
     assert [r["step"] for r in train] == [1, 2] and train[0]["lr"] == 1e-3
-    assert all(0 <= r["masked"] <= 0.5 for r in train)  # the second pass may drop some negative-advantage rows
+    # the second pass drops negative-advantage rows gone off policy: the carried-over threshold engages
+    assert all(0 <= r["masked"] <= 0.5 for r in train) and any(r["masked"] > 0 for r in train)
     assert (tmp_path / "run" / "final" / "README.md").is_file()
 
 

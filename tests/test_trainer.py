@@ -98,13 +98,26 @@ def test_nlpo_with_a_ratio_starts_each_batch_at_ratio_one(tmp_path):
 
 
 def test_top_entropy_quantile_takes_the_gradient_from_the_high_entropy_tokens_only(tmp_path):
-    # the same seed samples the same batch: the logged entropy (over every token) is the same, the policy loss (the
-    # advantages of all but the top 30 % of tokens at 0) not
+    # the same seed samples the same batch: the loss sees its advantages at the top 30 % of the real tokens by this
+    # forward's entropy and 0 at the others; the logged entropy (over every token) is unchanged
     common = ("algo.name=rloo", "algo.samples_per_prompt=2", "algo.minibatch_size=8", "algo.epochs=1")
-    every = RLTrainer(tiny_config(*common), tmp_path / "every").train_step()
-    top = RLTrainer(tiny_config(*common, "algo.top_entropy_quantile=0.3"), tmp_path / "top").train_step()
-    assert top["entropy"] == pytest.approx(every["entropy"]) and top["reward"] == every["reward"]
-    assert top["policy_loss"] != pytest.approx(every["policy_loss"])
+    seen, records = {}, {}
+    for name, extra in (("every", ()), ("top", ("algo.top_entropy_quantile=0.3",))):
+        trainer = RLTrainer(tiny_config(*common, *extra), tmp_path / name)
+
+        def spy(out, mb, tokens=None, name=name, loss=trainer.estimator.loss):
+            seen.setdefault(name, (out.entropy.detach(), mb))  # the first minibatch: the whole batch
+            return loss(out, mb, tokens)
+        trainer.estimator.loss = spy
+        records[name] = trainer.train_step()
+    (entropy, top), (_, every) = seen["top"], seen["every"]
+    real = every.mask.bool()
+    high = real & (entropy >= torch.quantile(entropy[real], 0.7))
+    assert 0.25 <= high.sum() / real.sum() <= 0.35
+    assert torch.equal(top.advantages, torch.where(high, every.advantages, 0.0))
+    assert (every.advantages[real & ~high] != 0).any()  # something was zeroed
+    assert records["top"]["entropy"] == pytest.approx(records["every"]["entropy"])
+    assert records["top"]["reward"] == records["every"]["reward"]
 
 
 @pytest.mark.parametrize("minibatch", [4, 8])
