@@ -83,7 +83,8 @@ def test_a_config_changed_in_code_is_validated():
 
 # ----------------------------------------------------------------------------------------------- refused input
 def test_unknown_key_is_named_with_its_dotted_path():
-    assert refused("algo.lrr=1").startswith("algo.lrr: unknown key (known: adam_beta2, adam_eps, baseline_decay, ")
+    assert refused("algo.lrr=1").startswith(
+        "algo.lrr: unknown key (known: adam_beta2, adam_eps, baseline, baseline_decay, ")
 
 
 def test_unknown_key_in_an_optional_section_is_named():

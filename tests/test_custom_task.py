@@ -829,6 +829,7 @@ def test_the_readme_dapo_recipe_is_a_valid_config():
     a = config.algo
     assert (a.ratio, a.clip_range_high, a.loss_aggregation, a.mask_truncated_completions, a.epochs) == \
         ("token", 0.28, "batch_token", True, 1)
+    assert (a.baseline, a.scale_rewards, a.whiten_advantages) == ("group_mean", "group", False)  # GRPO's
     assert config.kl.coef == 0.0
 
 

@@ -31,7 +31,8 @@ def test_the_settings_a_grpo_user_has_carry_over():
     assert (a.name, a.samples_per_prompt, a.prompts_per_step, a.minibatch_size, a.epochs) == ("rloo", 4, 2, 8, 1)
     assert (config.steps, config.checkpoint_every, config.eval.every, config.seed) == (20, 10, 0, 3)
     assert (a.lr, a.lr_scheduler, a.warmup_steps, a.clip_range, a.max_grad_norm) == (1e-5, "linear", 2, 0.2, 1.0)
-    assert (a.scale_rewards, a.whiten_advantages, a.mask_truncated_completions) == ("group", False, True)
+    assert (a.baseline, a.scale_rewards, a.whiten_advantages, a.mask_truncated_completions) == (
+        "group_mean", "group", False, True)  # GRPO's advantage, (r - group mean) / (group std + 1e-4)
     assert (config.kl.coef, config.kl.target, config.kl.estimator, config.method.name) == (0.04, None, "k3", "kl")
     assert (s.max_new_tokens, s.temperature, s.top_p, s.min_p, s.repetition_penalty) == (32, 0.9, 0.95, 0.05, 1.1)
     assert (config.model.autocast, config.log_completions, config.push_to_hub, config.run_name) == \
@@ -257,7 +258,8 @@ def test_the_settings_an_rloo_user_has_carry_over():
     a = config.algo
     assert (a.name, a.samples_per_prompt, a.prompts_per_step, a.minibatch_size, a.epochs) == ("rloo", 4, 2, 8, 2)
     assert (a.ratio, a.loss_aggregation, a.clip_range, a.clip_range_high) == ("sequence_sum", "sequence", 0.2, 0.28)
-    assert (a.whiten_advantages, a.scale_rewards, a.reward_clip_range) == (True, "none", [-1.0, 2.0])
+    assert (a.baseline, a.whiten_advantages, a.scale_rewards, a.reward_clip_range) == (
+        "leave_one_out", True, "none", [-1.0, 2.0])
     assert (config.kl.coef, config.kl.estimator, config.method.name) == (0.03, "k1", "kl")
     assert (config.steps, config.checkpoint_every, config.sampling.max_new_tokens) == (10, 5, 32)
     a = config_from_rloo(rloo(num_generations=4, per_device_train_batch_size=8)).algo  # TRL's defaults

@@ -451,21 +451,35 @@ def test_rloo_bad_inputs():
         rloo_advantages(torch.zeros(2, 3), 3)
 
 
-def test_rloo_scaled_by_its_group_is_grpos_advantage_times_k_over_k_minus_1():
+@pytest.mark.parametrize("baseline,factor", [("group_mean", 1.0), ("leave_one_out", 4 / 3)])
+def test_rloo_scaled_by_its_group_is_grpos_advantage(baseline, factor):
+    # group_mean: GRPO's advantage exactly; leave_one_out: times k/(k - 1)
     from elastic_reset.rl.distributed import DataParallel
     from elastic_reset.rl.estimators import build_estimator
 
     config = config_from_dict({}, ["algo.name=rloo", "algo.samples_per_prompt=4", "algo.prompts_per_step=2",
-                                   "algo.scale_rewards=group", "algo.whiten_advantages=false"]).algo
+                                   "algo.scale_rewards=group", "algo.whiten_advantages=false",
+                                   f"algo.baseline={baseline}"]).algo
     rloo = build_estimator(config, DataParallel(), 3, 8, torch.device("cpu"))
     scores = torch.tensor([1.0, 0.0, 0.5, 0.5, 3.0, 1.0, 2.0, 6.0])
     mask = torch.ones(8, 3)
     advantages, _ = rloo.advantages(scores, torch.ones(8, dtype=torch.bool), mask, mask, torch.zeros(8, 3), 0.0, None)
     groups = scores.view(2, 4)  # TRL's GRPO: (r - group mean) / (group std + 1e-4), std unbiased
     grpo = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).reshape(-1)
-    assert torch.allclose(advantages, (4 / 3 * grpo)[:, None].expand(8, 3), atol=1e-6)
+    assert torch.allclose(advantages, (factor * grpo)[:, None].expand(8, 3), atol=1e-6)
     with pytest.raises(ConfigError, match=r"^algo\.scale_rewards: 'group' scales each prompt's group"):
         config_from_dict({}, ["algo.name=ppo", "algo.scale_rewards=group"])
+    with pytest.raises(ConfigError, match=r"^algo\.baseline: 'group_mean' is a baseline from each prompt's group"):
+        config_from_dict({}, ["algo.name=reinforce", "algo.baseline=group_mean"])
+
+
+def test_group_advantages_by_hand():
+    s = torch.tensor([1.0, 0.0, 0.5, 2.5])
+    assert rloo_advantages(s, 2).tolist() == [1.0, -1.0, -2.0, 2.0]  # s_i - the other one
+    assert rloo_advantages(s, 2, "group_mean").tolist() == [0.5, -0.5, -1.0, 1.0]  # s_i - the pair's mean
+    assert rloo_advantages(s, 4, "group_mean").tolist() == [0.0, -1.0, -0.5, 1.5]
+    with pytest.raises(ValueError, match=r"^baseline: expected leave_one_out or group_mean, got 'mean'"):
+        rloo_advantages(s, 2, "mean")
 
 
 def test_moving_average_baseline_by_hand():

@@ -291,10 +291,15 @@ class AlgoConfig(Section):
     clipping."""
     whiten_advantages: bool = True
     """Normalise advantages over the batch (mask-aware)."""
+    baseline: Literal["leave_one_out", "group_mean"] = "leave_one_out"
+    """``rloo``: what each sample's return is compared with. ``leave_one_out``: the mean return of the prompt's
+    other samples (RLOO; TRL's ``RLOOTrainer``). ``group_mean``: the mean of all of them, its own included (GRPO's
+    and Dr. GRPO's; TRL's ``GRPOTrainer``): the same advantage times (k − 1)/k, a factor that gradient clipping and
+    Adam's ε do not cancel, so a TRL recipe's numbers need it."""
     scale_rewards: Literal["none", "group"] = "none"
     """``rloo``: ``group`` divides each prompt's advantages by the standard deviation of its samples' returns
-    (+ 1e-4), as TRL's GRPO (``scale_rewards: group``, its default); with ``whiten_advantages: false`` that is GRPO's
-    advantage times RLOO's k/(k − 1)."""
+    (+ 1e-4), as TRL's GRPO (``scale_rewards: group``, its default); with ``baseline: group_mean`` and
+    ``whiten_advantages: false`` that is GRPO's advantage."""
     entropy_coef: NonNegativeFloat = 0.0
     """Entropy bonus weight (its start, with ``entropy_target``)."""
     entropy_target: PositiveFloat | None = None
@@ -493,6 +498,8 @@ def _check_rules(config: TrainConfig) -> None:
     a = config.algo
     need(a.name != "rloo" or a.samples_per_prompt >= 2, "algo.samples_per_prompt",
          f"rloo needs >= 2 samples per prompt for its leave-one-out baseline, got {a.samples_per_prompt}")
+    need(a.baseline == "leave_one_out" or a.name == "rloo", "algo.baseline",
+         f"{a.baseline!r} is a baseline from each prompt's group of samples: algo.name rloo, not {a.name!r}")
     need(a.scale_rewards == "none" or a.name == "rloo", "algo.scale_rewards",
          f"'group' scales each prompt's group of samples: algo.name rloo, not {a.name!r}")
     need(a.name != "ppo" or a.ratio == "token", "algo.ratio",

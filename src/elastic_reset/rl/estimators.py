@@ -132,7 +132,7 @@ class RLOO(Estimator):
 
     def sequence_advantages(self, seq_return: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         k = self.config.samples_per_prompt
-        advantages = ops.rloo_advantages(seq_return, k)
+        advantages = ops.rloo_advantages(seq_return, k, self.config.baseline)
         if self.config.scale_rewards == "group":  # GRPO's: by the std of the prompt's group (TRL: unbiased, + 1e-4)
             advantages = (advantages.view(-1, k) / (seq_return.float().view(-1, k).std(dim=1, keepdim=True)
                                                     + 1e-4)).reshape(-1)

@@ -4,11 +4,11 @@ settings a TRL user already has, carried over as README's "Coming from TRL" tabl
 What TRL counts in optimizer steps (``max_steps``, ``save_steps``, ``eval_steps``, ``warmup_steps``) becomes
 iterations here (one generation batch each, ``num_iterations`` × its optimizer steps); the batch sizes become
 ``prompts_per_step`` × ``samples_per_prompt`` and ``minibatch_size`` (completions per optimizer step). The
-algorithm is ``rloo``: with GRPO's ``scale_rewards`` and its clipped ratio (``algo.ratio``, ``clip_range``,
-``clip_range_high``, ``loss_aggregation``) for a ``GRPOConfig``, β then going into the reward (papers' eq. 1),
-not the loss; as ``RLOOTrainer`` has it for an ``RLOOConfig``. A setting this engine cannot honour is refused in
-one line naming it, never dropped; ``use_vllm`` and the other settings of *how* TRL generates or stores are not
-about the method and are ignored. ``trl`` itself is not imported."""
+algorithm is ``rloo``: with GRPO's baseline (the group's mean), ``scale_rewards`` and its clipped ratio
+(``algo.ratio``, ``clip_range``, ``clip_range_high``, ``loss_aggregation``) for a ``GRPOConfig``, β then going
+into the reward (papers' eq. 1), not the loss; as ``RLOOTrainer`` has it for an ``RLOOConfig``. A setting this
+engine cannot honour is refused in one line naming it, never dropped; ``use_vllm`` and the other settings of *how*
+TRL generates or stores are not about the method and are ignored. ``trl`` itself is not imported."""
 
 from __future__ import annotations
 
@@ -125,6 +125,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
             **{f"entropy_{name}": get.number(f"entropy_{name}", default) for name, default in (
                 ("target", 0.2), ("coef_delta", 0.005), ("coef_min", 0.0), ("coef_max", 1.0))},
             "off_policy_mask": get.number("off_policy_mask_threshold"),
+            "baseline": "group_mean",  # GRPO's advantage is r − mean of the group, the sample's own r included
             "scale_rewards": "group" if scale == "group" else "none", "whiten_advantages": scale == "batch"}
     if not get("use_adaptive_entropy"):
         algo["entropy_target"] = None  # a fixed entropy_coef

@@ -546,22 +546,30 @@ def group_normalized_sum(parts: torch.Tensor, weights: Sequence[float], k: int) 
     return torch.where(parts.isnan().all(dim=1), torch.nan, total)
 
 
-def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"):
+def rloo_advantages(scores: torch.Tensor, k: int, baseline: str = "leave_one_out") -> torch.Tensor:
+    """Advantages against a baseline from the other samples of the same prompt. ``leave_one_out`` (REINFORCE
+    leave-one-out: Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"; unbiased, the baseline excludes the
+    sample):
 
         A_i = s_i − 1/(k − 1) · Σ_{j≠i} s_j   (j over the other samples of the same prompt)
             = k/(k − 1) · (s_i − mean_j s_j)
 
+    ``group_mean`` (GRPO's, Shao et al. 2024, and TRL's ``GRPOTrainer``): A_i = s_i − mean_j s_j, the sample's own
+    score in the mean.
+
     ``scores`` is ``[B]`` with B = n_prompts·k and the k samples of each prompt CONTIGUOUS (as produced by
-    ``prompts.repeat_interleave(k, dim=0)``). The baseline of a sample excludes it, so it is unbiased.
+    ``prompts.repeat_interleave(k, dim=0)``).
     """
     if scores.dim() != 1:
         raise ValueError(f"scores: expected a 1-D tensor [n_prompts * k], got shape {tuple(scores.shape)}")
     if scores.shape[0] % k != 0:
         raise ValueError(f"k: {scores.shape[0]} scores are not a whole number of groups of k={k}")
+    if baseline not in ("leave_one_out", "group_mean"):
+        raise ValueError(f"baseline: expected leave_one_out or group_mean, got {baseline!r}")
     s = _float(scores).view(-1, k)
-    baseline = (s.sum(dim=1, keepdim=True) - s) / (k - 1)
-    return (s - baseline).reshape(-1)
+    if baseline == "group_mean":
+        return (s - s.mean(dim=1, keepdim=True)).reshape(-1)
+    return (s - (s.sum(dim=1, keepdim=True) - s) / (k - 1)).reshape(-1)
 
 
 class MovingAverageBaseline:
