@@ -26,6 +26,9 @@ def tiny_config(*overrides: str, **sections):
     return config_from_dict(data, list(overrides))
 
 
+REHEARSAL = ("rehearsal.prompts=12", "rehearsal.clusters=2", "rehearsal.top_k=3", "rehearsal.batch=3")
+"""A small Selective Rehearsal set on the tiny task: 12 candidates, 2 clusters, the 3 best of each, 3 a step."""
+
 LEARN = {"steps": 30, "checkpoint_every": 0, "eval": {"every": 30, "num_prompts": 8},
          "algo": {"name": "rloo", "lr": 1e-2, "epochs": 1}, "method": {"name": "none"},
          "kl": {"coef": 0.0, "target": None}}

@@ -142,7 +142,8 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
             texts, log_odds = next(c for c in calls if [t[:len(p)] for t, p in zip(c[0], prompts)] == prompts
                                    and record[f"{name}/gold_log_odds"] == pytest.approx(sum(c[1]) / len(c[1])))
             assert len(texts) == len(prompts) and len(set(log_odds)) > 1
-            assert record[f"{name}/gold"] == pytest.approx(sum(1 / (1 + math.exp(-x)) for x in log_odds) / 4)
+            gold = [1 / (1 + math.exp(-x)) for x in log_odds]
+            assert record[f"{name}/gold"] == pytest.approx(sum(gold) / len(gold))
         assert "eval/perplexity" in record and "eval_forget/perplexity" not in record
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import REHEARSAL, tiny_config
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.lm.scoring import forward_response
@@ -65,12 +65,9 @@ def test_the_loss_is_gamma_times_the_mean_summed_response_nll():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-SR = ["rehearsal.prompts=12", "rehearsal.clusters=2", "rehearsal.top_k=3", "rehearsal.batch=3"]
-
-
 def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_other_prompts(tmp_path):
     # 2 iterations of 4 optimizer steps, 4 examples each: 32 = 5 rounds of the 6 examples and 2 more.
-    run = ("method.name=selective_rehearsal", *SR, "rehearsal.batch=4", "checkpoint_every=1")
+    run = ("method.name=selective_rehearsal", *REHEARSAL, "rehearsal.batch=4", "checkpoint_every=1")
     config = tiny_config(*run, "steps=2")
     trainer = RLTrainer(config, tmp_path / "run")
     examples = [json.loads(line) for line in (tmp_path / "run" / "rehearsal.jsonl").read_text().splitlines()]
@@ -109,7 +106,7 @@ def rehearsal_nll(trainer, examples) -> float:
 
 
 def test_rehearsal_keeps_the_rehearsal_set_likelier_than_plain_rl(tmp_path):
-    common = ["steps=12", "algo.lr=3e-3", "kl.coef=0", "kl.target=null", *SR]
+    common = ["steps=12", "algo.lr=3e-3", "kl.coef=0", "kl.target=null", *REHEARSAL]
     with_sr = RLTrainer(tiny_config("method.name=none", "rehearsal.coef=0.2", *common), tmp_path / "sr")
     examples = with_sr.rehearsal.examples
     before = rehearsal_nll(with_sr, examples)

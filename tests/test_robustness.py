@@ -22,7 +22,7 @@ from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import list_checkpoints, load_latest
 from elastic_reset.rl.trainer import RLTrainer
 from helpers import RUN_SETTINGS as SETTINGS
-from helpers import TINY, step_file, without_times
+from helpers import REHEARSAL, TINY, step_file, without_times
 from helpers import run_config as cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -386,8 +386,7 @@ def test_lora_targets_matching_some_modules_still_load():
     assert trained and all(".v_proj.lora_" in n for n in trained)  # as before: peft skips a target it cannot find
 
 
-@pytest.mark.parametrize("rehearsal", [(), ("rehearsal.prompts=12", "rehearsal.clusters=2", "rehearsal.top_k=3",
-                                              "rehearsal.batch=3")])
+@pytest.mark.parametrize("rehearsal", [(), REHEARSAL])
 def test_a_run_at_the_largest_seed_trains_and_evaluates(tmp_path, rehearsal):
     # every generator the trainer seeds from it (sampling per rank, evaluation, prompt order, rehearsal's answers)
     from elastic_reset.rl.config import MAX_SEED
