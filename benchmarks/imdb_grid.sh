@@ -9,7 +9,9 @@
 # Across sessions too: finished cells are kept in $RESULTS/runs (after every seed, or COLLECT=1 for a grid stopped
 # part-way) and brought back into an empty $GRID, so a later session on a new machine goes on where this one stopped.
 # JOBS=N trains N cells at once (compare --jobs; a GPU machine with 16 cores: JOBS=7 runs a seed of every method
-# side by side). Needs the reward model and the policy named in the config.
+# side by side). ONE_GO=1 trains every seed in one compare (no wait for a seed's slowest cell; the cells go method by
+# method); SETS="a=1 b=2" adds --set overrides; ER and PY name the CLI and Python (default: the .venv's). Needs the
+# reward model and the policy named in the config.
 #
 # Per-method settings (the paper's §6 and Appendix B, and what the authors' released RL4LMs fork ran):
 #  kl            PPO + KL, beta 0.1, adaptive (target 0.5): the paper's PPO baseline
@@ -32,6 +34,7 @@ CONFIG=${CONFIG:-configs/imdb.yaml}
 GRID=${GRID:-runs/imdb}
 RESULTS=${RESULTS:-results/imdb}
 SEEDS=${SEEDS:-5}
+ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
 # What differs between the two scales (BENCHMARKS.md says why): the small beta's controller (null: fixed), and the
 # paper-text EMA's per-optimizer-step decay, which keeps its horizon at ~2 iterations (0.6 with one step an iteration).
 KL_SMALL_TARGET=${KL_SMALL_TARGET:-null}
@@ -48,7 +51,7 @@ if [ -n "${POLICY_METRICS:-}" ]; then same_build "$POLICY_METRICS" "$RESULTS/pol
 # are all "skipped": the one in $RESULTS, which records how each cell was trained, is kept.
 collect() {
   mkdir -p "$RESULTS"
-  if [ -f "$GRID/summary.json" ] && { [ ! -f "$RESULTS/summary.json" ] || .venv/bin/python -c \
+  if [ -f "$GRID/summary.json" ] && { [ ! -f "$RESULTS/summary.json" ] || $PY -c \
       'import json, sys; sys.exit(all(r["action"] == "skipped" for r in json.load(open(sys.argv[1]))["runs"]))' \
       "$GRID/summary.json"; }; then
     for f in summary.json pareto.png pareto_curves.png; do [ -f "$GRID/$f" ] && cp "$GRID/$f" "$RESULTS/"; done
@@ -62,9 +65,10 @@ sets=()
 for m in elastic_reset er_paper reset_to_init reset_to_ema; do
   for kv in "${SMALL_KL[@]}"; do sets+=(--method-set "$m:$kv"); done
 done
+for kv in ${SETS:-}; do sets+=(--set "$kv"); done
 # Seed by seed (every method's seed 0 first, ...), so that a grid stopped part-way has every method at equal seeds.
-for n in $(seq 1 "$SEEDS"); do
-.venv/bin/elastic-reset compare "$CONFIG" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
+for n in $(if [ -n "${ONE_GO:-}" ]; then echo "$SEEDS"; else seq 1 "$SEEDS"; fi); do
+$ER compare "$CONFIG" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
   --methods kl,kl_small=kl,elastic_reset,er_paper=elastic_reset,reset_to_init,reset_to_ema,nlpo \
   "${sets[@]}" \
   --method-set kl_small:kl.coef=0.01 --method-set "kl_small:kl.target=$KL_SMALL_TARGET" \

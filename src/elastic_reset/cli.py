@@ -209,7 +209,8 @@ def _build_imdb_classifier(args: argparse.Namespace) -> int:
 def _build_imdb_policy(args: argparse.Namespace) -> int:
     from elastic_reset.pretrain.imdb import build_imdb_policy
 
-    out, metrics = build_imdb_policy(args.data_dir, args.out, steps=args.steps, force=args.force)
+    out, metrics = build_imdb_policy(args.data_dir, args.out, steps=args.steps, force=args.force,
+                                     device=args.device)
     print(f"IMDB policy: {metrics['parameters'] / 1e6:.1f}M parameters, held-out perplexity "
           f"{metrics['held_out_perplexity']:.1f} after {metrics['train_seconds']:.0f} s; written to {out}")
     return 0
@@ -368,6 +369,7 @@ def _imdb_policy_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: "
                         "PretrainConfig's)")
     parser.add_argument("--force", action="store_true", help="replace a policy already at --out")
+    parser.add_argument("--device", default="auto", help="auto (default: CUDA when present), cpu or cuda[:N]")
 
 
 def _imdb_smollm2_options(parser: argparse.ArgumentParser) -> None:

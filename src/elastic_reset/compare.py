@@ -335,7 +335,8 @@ def check_gpu_room(pending: list[Cell], config_path: ConfigPath, jobs: int,
         raise ConfigError(f"--jobs {jobs}: the cells run on several devices ({', '.join(sorted(devices))}); "
                           "compare shares one GPU among its cells: set model.device once for the grid")
     first_of = {cell.method: cell for cell in reversed(pending)}
-    peak = max(probe_gpu_peak_gib(cell, config_path) for cell in first_of.values())
+    with ThreadPoolExecutor(len(first_of)) as pool:  # each probe is a child process: side by side, not in turn
+        peak = max(pool.map(lambda cell: probe_gpu_peak_gib(cell, config_path), first_of.values()))
     free, total = (b / 2**30 for b in torch.cuda.mem_get_info(torch.device(devices.pop())))
     need = at_once * (peak + GPU_CONTEXT_GIB)
     fit = int(free // (peak + GPU_CONTEXT_GIB))

@@ -22,6 +22,7 @@ import torch
 
 from elastic_reset.data.imdb import policy_texts
 from elastic_reset.io import save_folder_atomically
+from elastic_reset.lm.device import resolve_device
 from elastic_reset.lm.scoring import sequence_nll
 
 EOS = "<|endoftext|>"
@@ -72,11 +73,14 @@ def token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, config: PretrainConfig,
-                    log=print) -> dict:
-    """Train the tokenizer and the model on ``texts``, measure perplexity on ``held_out``, write ``out``."""
+                    log=print, device: str | torch.device | None = None) -> dict:
+    """Train the tokenizer and the model on ``texts``, measure perplexity on ``held_out``, write ``out``.
+    ``device``: where the model trains (None or ``auto``: CUDA when present, as the classifier's build); the weights
+    start the same on any device."""
     from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
 
     out = Path(out)
+    device = resolve_device(device, "--device")
     random.Random(config.seed).shuffle(texts := list(texts))
     t0 = time.perf_counter()
     tokenizer = train_tokenizer(texts, config.vocab_size)
@@ -89,7 +93,7 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
     model = GPT2LMHeadModel(GPT2Config(
         vocab_size=len(tokenizer), n_positions=2 * config.context, n_embd=config.n_embd, n_layer=config.n_layer,
         n_head=config.n_embd // 64, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        pad_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
     schedule = get_cosine_schedule_with_warmup(optimizer, max(1, config.steps // 20), config.steps,
                                                num_cycles=0.45)  # ends at ~10 % of the peak
@@ -99,7 +103,7 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
     t0 = time.perf_counter()
     for step in range(config.steps):
         idx = order[(step * config.batch_size + torch.arange(config.batch_size)) % len(windows)]
-        batch = windows[idx]
+        batch = windows[idx].to(device)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -110,10 +114,11 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
             log(f"build imdb-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     model.eval()
-    held_ppl = stream_perplexity(model, held, config.context)
+    held_ppl = stream_perplexity(model, held.to(device), config.context)
     metrics = {"held_out_perplexity": held_ppl, "train_tokens_seen": config.steps * config.batch_size *
                config.context, "train_tokens": int(stream.numel()), "parameters": sum(p.numel() for p in
-               model.parameters()), "train_seconds": time.perf_counter() - t0, "config": asdict(config)}
+               model.parameters()), "train_seconds": time.perf_counter() - t0, "device": str(device),
+               "config": asdict(config)}
     log(f"build imdb-policy: held-out perplexity {held_ppl:.1f} per BPE token on {held.numel():,} test-review tokens")
 
     def write(tmp: Path) -> None:
@@ -135,7 +140,7 @@ def stream_perplexity(model, ids: torch.Tensor, context: int, batch_size: int = 
 
 
 def build_imdb_policy(data_dir: str | None, out: str | Path | None = None, *, steps: int | None = None,
-                      force: bool = False, log=print) -> tuple[Path, dict]:
+                      force: bool = False, device: str | None = None, log=print) -> tuple[Path, dict]:
     """``elastic-reset build imdb-policy``: :func:`pretrain_policy` on every train review, perplexity on test
     reviews the IMDB task never uses, into ``out`` (default: where ``model.name: imdb-gpt2`` looks). Returns
     (out, metrics)."""
@@ -146,4 +151,4 @@ def build_imdb_policy(data_dir: str | None, out: str | Path | None = None, *, st
         raise FileExistsError(f"{out}: a policy is already there (pass --force to rebuild it)")
     config = PretrainConfig() if steps is None else replace(PretrainConfig(), steps=steps)
     train, held_out = policy_texts(data_dir)
-    return out, pretrain_policy(train, held_out, out, config, log=log)
+    return out, pretrain_policy(train, held_out, out, config, log=log, device=device)
