@@ -67,12 +67,15 @@ if nvidia-cuda-mps-control -d && timeout 30 python3 -c "import torch; print(torc
 then mps=on; else echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; mps=off; fi
 jobs=${JOBS:-$([ $mps = on ] && echo 12 || echo 7)}
 echo "MPS $mps, $jobs cells at once, grid begins at $(since)" | tee -a "$OUT/builds.log"
+# The grid writes its exit code to grid.rc when it ends (pgrep would find this script: its name holds the grid's).
+rm -f "$KEEP/grid.rc"
 (ER="python3 -m elastic_reset.cli" PY=python3 PYTHON=python3 JOBS=$jobs ONE_GO=1 GRID=/tmp/grid \
-   RESULTS=/tmp/grid_results SETS="task.data_dir=$KEEP/data" setsid nohup bash benchmarks/imdb_grid.sh \
-   > "$KEEP/grid.log" 2>&1 &)
+   RESULTS=/tmp/grid_results SETS="task.data_dir=$KEEP/data" setsid nohup bash -c \
+   'bash benchmarks/imdb_grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)
 deadline=${DEADLINE:-560}
-while [ "$(( $(date +%s) - start ))" -lt "$deadline" ] && pgrep -f "imdb_grid.sh" > /dev/null; do sleep 5; done
-echo "stopped waiting at $(since)" | tee -a "$OUT/builds.log"
+while [ "$(( $(date +%s) - start ))" -lt "$deadline" ] && [ ! -f "$KEEP/grid.rc" ]; do sleep 5; done
+echo "stopped waiting at $(since); the grid's exit code: $(cat "$KEEP/grid.rc" 2>/dev/null || echo "none yet")" \
+  | tee -a "$OUT/builds.log"
 ER=: PY=python3 COLLECT=1 GRID=/tmp/grid RESULTS=/tmp/grid_results bash benchmarks/imdb_grid.sh
 cp "$KEEP/grid.log" "$OUT/"
 tar -C /tmp -czf "$OUT/grid_results.tgz" grid_results
