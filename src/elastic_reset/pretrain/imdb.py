@@ -114,7 +114,7 @@ def pretrain_policy(texts: list[str], held_out: list[str], out: str | Path, conf
             log(f"build imdb-policy: step {step + 1}/{config.steps}, loss {loss.item():.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     model.eval()
-    held_ppl = stream_perplexity(model, held.to(device), config.context)
+    held_ppl = stream_perplexity(model, held, config.context)
     metrics = {"held_out_perplexity": held_ppl, "train_tokens_seen": config.steps * config.batch_size *
                config.context, "train_tokens": int(stream.numel()), "parameters": sum(p.numel() for p in
                model.parameters()), "train_seconds": time.perf_counter() - t0, "device": str(device),
