@@ -18,6 +18,10 @@
 # Builds what a stage needs and the cache lacks (a new machine): the gold (imdb-classifier), the policy
 # (imdb-smollm2), the pairs, the proxies; each is checked against the build the committed results used as
 # soon as it is built (grid_cells.sh: same_build), so a rebuild that differs stops the script there.
+# A rebuild that differs (a new machine of another CPU model) starts a grid of its own, recorded apart from the
+# first (its records: $RESULTS/policy.json, pairs-n*.json, proxy-*.json, learning.json), learning shown again first:
+#   RESULTS=results/gold_vs_proxy_epyc GRID=runs/gold_vs_proxy_epyc SIZES=4000 \
+#     STAGES="proxies learning grid report" bash benchmarks/gold_vs_proxy.sh
 #
 # Methods (the issue's list; RLOO rather than PPO as the policy-gradient algorithm, because PPO with a value head
 # did not learn at this scale with the same budget: BENCHMARKS.md, "IMDB at the paper's scale"):
@@ -33,6 +37,7 @@ cd "$(dirname "$0")/.."
 STAGES=${STAGES:-pairs proxies learning grid report}
 N_SMALL=${N_SMALL:-1000}
 N_LARGE=${N_LARGE:-4000}
+SIZES=${SIZES:-$N_SMALL $N_LARGE}  # the pair counts the pairs and proxies stages build and measure
 T=${T:-0.5}
 SEEDS=${SEEDS:-3}
 GRID=${GRID:-runs/gold_vs_proxy}
@@ -54,7 +59,7 @@ need_policy() {
     imdb_classifier_path as gold, imdb_smollm2_path as policy; print(gold(), policy(False), sep='\n')")
   [ -f "$gold/config.json" ] || $ER build imdb-classifier --data-dir ../shared/data
   [ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data
-  same_build "$policy/pretrain_metrics.json" results/imdb_135m/policy.json held_out_perplexity
+  same_build "$policy/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
 }
 need_pairs() {  # N
   if [ ! -f "$(pairs "$1")/pairs.jsonl" ]; then
@@ -72,15 +77,15 @@ need_proxy() {  # N KIND
 }
 
 if has pairs; then
-  for n in "$N_SMALL" "$N_LARGE"; do need_pairs "$n"; done
+  for n in $SIZES; do need_pairs "$n"; done
 fi
 
 if has proxies; then
-  for n in "$N_SMALL" "$N_LARGE"; do
-    for kind in rm am; do need_proxy "$n" $kind; done
+  built=()
+  for n in $SIZES; do
+    for kind in rm am; do need_proxy "$n" $kind; built+=("$(proxy "$n" $kind)"); done
   done
-  .venv/bin/python benchmarks/gold_proxies.py "$RESULTS/proxies.json" \
-    "$(proxy "$N_SMALL" rm)" "$(proxy "$N_SMALL" am)" "$(proxy "$N_LARGE" rm)" "$(proxy "$N_LARGE" am)"
+  .venv/bin/python benchmarks/gold_proxies.py "$RESULTS/proxies.json" "${built[@]}"
 fi
 
 if has learning; then
@@ -91,6 +96,7 @@ if has learning; then
     $ER train configs/imdb_gold.yaml --out "$run" "${resume[@]}" --set steps=20 --set method.name=none \
       --set kl.coef=0 --set kl.target=null --set "task.options.reward_model=$(proxy "$N_LARGE" rm)" \
       --set progress=false && touch "$run/done"; }
+  cp "$run/metrics.jsonl" "$RESULTS/learning_metrics.jsonl"
   .venv/bin/python - "$run/metrics.jsonl" "$RESULTS/learning.json" <<'PY'
 import json, sys
 evals = [json.loads(l) for l in open(sys.argv[1]) if '"eval/gold"' in l]
