@@ -64,7 +64,7 @@ need_policy() {
 need_pairs() {  # N
   if [ ! -f "$(pairs "$1")/pairs.jsonl" ]; then
     need_policy
-    $ER build gold-pairs --data-dir ../shared/data --n-pairs "$1" --temperature "$T"
+    $ER build gold-pairs --data-dir ../shared/data --n-pairs "$1" --temperature "$T" --resume
   fi
   same_build "$(pairs "$1")/metrics.json" "$RESULTS/pairs-n$1.json" gold_p_positive_mean
 }

@@ -11,9 +11,11 @@ import torch
 
 from elastic_reset.data.preferences import read_pairs
 from elastic_reset.data.wikitext import detokenize, paragraph_prompts
+from elastic_reset.errors import ConfigError
 from elastic_reset.models import byte_tokenizer, minilm_path, tiny_causal_lm
 from elastic_reset.rewards.classifier import SentimentReward
-from elastic_reset.rewards.gold import GoldPairsConfig, bradley_terry_labels, build_gold_pairs, label_pairs
+from elastic_reset.rewards.gold import (GoldPairsConfig, bradley_terry_labels, build_gold_pairs, journal_path,
+                                         label_pairs)
 
 
 def test_bradley_terry_labels_follow_the_logistic_probability():
@@ -78,6 +80,47 @@ def test_gold_pairs_are_written_as_a_preference_file_with_exact_gold_scores(tiny
     assert json.loads((out / "metrics.json").read_text())["pairs"] == 5
     with pytest.raises(FileExistsError, match="--force"):
         build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config)
+
+
+def test_an_interrupted_pairs_build_resumes_to_the_very_pairs_of_an_uninterrupted_one(tiny_models, tmp_path,
+                                                                                        monkeypatch):
+    from transformers import GenerationMixin
+
+    prompts = [f"This film was {w} and" for w in ("great", "awful", "long", "odd", "fine")]
+    config = GoldPairsConfig(n_pairs=5, temperature=0.5, max_new_tokens=6, batch_size=1)
+    whole, _ = build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, tmp_path / "whole", config)
+    out = tmp_path / "pairs"
+    journal = journal_path(out)
+
+    def killed_at_batch(n: int, **options):
+        """Build ``out`` with the n-th generation of this build raising as a kill would."""
+        generate, calls = GenerationMixin.generate, []
+
+        def generate_or_die(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return generate(self, *args, **kwargs)
+
+        monkeypatch.setattr(GenerationMixin, "generate", generate_or_die)
+        with pytest.raises(KeyboardInterrupt):
+            build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config, **options)
+        monkeypatch.undo()
+        return [json.loads(line)["step"] for line in journal.read_text().splitlines()]
+
+    assert killed_at_batch(3) == [-1, 0, 1]
+    with journal.open("a") as f:
+        f.write('{"step": 2, "pairs": [["torn')  # what a kill during a write leaves
+    with pytest.raises(FileExistsError, match="--resume"):
+        build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config)
+    other = GoldPairsConfig(n_pairs=5, temperature=0.5, max_new_tokens=6, batch_size=1, seed=1)
+    with pytest.raises(ConfigError, match="other settings \\(config\\)"):
+        build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, other, resume=True)
+    assert killed_at_batch(2, resume=True) == [-1, 0, 1, 2]  # the torn line is gone, batch 2 written once
+    out, metrics = build_gold_pairs(tiny_models / "policy", tiny_models / "gold", prompts, out, config, resume=True)
+    assert metrics["resumed_pairs"] == 3
+    assert (out / "pairs.jsonl").read_text() == (whole / "pairs.jsonl").read_text()
+    assert not journal.exists()
 
 
 def test_a_missing_gold_is_refused_by_its_field_with_the_command_that_builds_one_there(shared_data, tmp_path,

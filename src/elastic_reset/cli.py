@@ -21,6 +21,7 @@
                   [--max-epochs N] [--pretrain-lines N] [--label-smoothing E] [--device auto|cpu|cuda]
                   [--force] [--resume] [--adapt DIR]
     elastic-reset build gold-pairs [--data-dir ../shared/data] [--n-pairs N] [--temperature T] [--seed S]
+                  [--force] [--resume]
                   (old names, still accepted: build-reward-model imdb, build-policy imdb, build-translation)
     elastic-reset reward-model train --backbone smollm2|minilm --data hh-rlhf [--data stack-exchange|PAIRS.jsonl]
                   [--data-dir ../shared/data] [--advantage] [--seed S] [--epochs E] [--lr LR] [--batch-size B]
@@ -239,7 +240,7 @@ def _build_gold_pairs(args: argparse.Namespace) -> int:
     policy = args.policy or imdb_smollm2_path()
     gold = imdb_classifier(args.gold, "--gold")  # before minutes of sampling, not after
     out, metrics = build_gold_pairs(policy, gold, train_prompts(args.data_dir, config.n_pairs), out, config,
-                                    force=args.force)
+                                    force=args.force, resume=args.resume)
     print(f"gold pairs: {metrics['pairs']} written to {out} in {metrics['seconds']:.0f} s; labels agree with the "
           f"gold's order on {metrics['label_agrees_with_gold']:.3f} of pairs (T = {config.temperature:g}), mean "
           f"|gold gap| {metrics['mean_abs_gold_gap']:.2f}")
@@ -405,7 +406,10 @@ def _gold_pairs_options(parser: argparse.ArgumentParser) -> None:
                         "(default 48, as configs/imdb_135m.yaml)")
     parser.add_argument("--out", default=None, help="where to write them (default: the cache, "
                         "gold-pairs/imdb-n<N>-t<T>-seed<S>)")
-    parser.add_argument("--force", action="store_true", help="replace pairs already at --out")
+    parser.add_argument("--force", action="store_true", help="replace pairs already at --out (and start again "
+                        "from no samples)")
+    parser.add_argument("--resume", action="store_true", help="go on from the samples an interrupted build left "
+                        "beside --out (<out>.partial.jsonl)")
 
 
 def _translation_agents_options(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,8 @@ continuation, and P(a ≻ b) = σ((g_a − g_b) / T).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import random
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from elastic_reset.errors import ConfigError
-from elastic_reset.io import save_folder_atomically
+from elastic_reset.io import MetricsLog, save_folder_atomically
 from elastic_reset.lm.cpu_bf16 import packed_linears
 from elastic_reset.lm.device import autocast_dtype
 from elastic_reset.lm.scoring import autocast
@@ -71,26 +73,55 @@ class GoldPairsConfig:
             raise ConfigError(f"temperature: expected a finite number > 0, got {self.temperature!r}")
 
 
+def _rng_state(device: torch.device) -> dict[str, str]:
+    """The generators sampling draws from, as text (a journal line is JSON)."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return {name: base64.b64encode(state.numpy().tobytes()).decode("ascii") for name, state in states.items()}
+
+
+def _set_rng_state(states: dict[str, str], device: torch.device) -> None:
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(states["cpu"]))
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(tensor(states["cuda"]), device)
+
+
 @torch.no_grad()
-def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig) -> list[tuple[str, str]]:
+def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig,
+                 journal: MetricsLog | None = None) -> list[tuple[str, str]]:
     """Two continuations of each prompt, sampled from the full distribution (temperature 1, no top-k or top-p, as
     the RL runs sample), ``config.max_new_tokens`` tokens each; under bf16 autocast with pre-packed weights where
-    the device computes bf16 natively, as the engine's sampler (``model.autocast: auto``)."""
+    the device computes bf16 natively, as the engine's sampler (``model.autocast: auto``).
+
+    ``journal``: each batch's pairs and the generators' state after it are appended there (``step`` = the batch's
+    first prompt), and the batches already in it are not sampled again: an interrupted build goes on where it
+    stopped and samples what an uninterrupted one would."""
     tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     dtype = autocast_dtype("auto", model.device)
     torch.manual_seed(config.seed)
-    pairs = []
+    pairs: list[tuple[str, str]] = []
+    for record in journal.records() if journal else []:
+        if record["step"] >= 0:
+            pairs.extend((a, b) for a, b in record["pairs"])
+            _set_rng_state(record["rng"], model.device)
     with autocast(model, dtype), packed_linears(model, dtype, batch_hint=2 * config.batch_size):
-        for start in range(0, len(prompts), config.batch_size):
+        for start in range(len(pairs), len(prompts), config.batch_size):
             enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
                             truncation=True, max_length=config.max_prompt_tokens).to(model.device)
             out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2,
                                  max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens,
                                  pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-            pairs.extend(zip(texts[0::2], texts[1::2]))
+            batch = list(zip(texts[0::2], texts[1::2]))
+            pairs.extend(batch)
+            if journal:
+                journal.write({"step": start, "pairs": batch, "rng": _rng_state(model.device)})
     return pairs
 
 
@@ -119,10 +150,40 @@ def pairs_summary(rows: list[dict]) -> dict:
             "gold_p_positive_mean": sum(prob) / len(prob)}
 
 
+def journal_path(out: str | Path) -> Path:
+    """Where a build of ``out`` keeps the batches sampled so far (a sibling file, removed once ``out`` is written)."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial.jsonl")
+
+
+def _open_journal(path: Path, settings: dict, resume: bool, force: bool) -> MetricsLog:
+    """The sampling journal at ``path``, started with ``settings`` (step −1), or an earlier one continued when
+    ``resume`` and it was written with the same settings."""
+    journal = MetricsLog(path)
+    if path.exists() and force:
+        path.unlink()
+    elif path.exists():
+        if not resume:
+            raise FileExistsError(f"{path}: the samples of an interrupted build; pass --resume to go on from them, "
+                                  "or --force to start again")
+        records = journal.records()
+        before = records[0].get("settings") if records else None
+        if before != settings:
+            changed = sorted(k for k in settings if not isinstance(before, dict) or before.get(k) != settings[k])
+            raise ConfigError(f"{path}: written by a build with other settings ({', '.join(changed) or 'header'}); "
+                              "pass --force to start again")
+        journal.truncate_after(max(r["step"] for r in records))  # a torn last line goes before appending
+        return journal
+    journal.write({"step": -1, "settings": settings})
+    return journal
+
+
 def build_gold_pairs(policy: str | Path, gold: str | Path, prompts: list[str], out: str | Path,
-                     config: GoldPairsConfig, force: bool = False) -> tuple[Path, dict]:
+                     config: GoldPairsConfig, force: bool = False, resume: bool = False) -> tuple[Path, dict]:
     """Sample two continuations of each prompt from ``policy`` (a causal-LM folder), label them with the ``gold``
-    classifier (a folder) and write ``out/pairs.jsonl`` and ``out/metrics.json`` in one atomic step."""
+    classifier (a folder) and write ``out/pairs.jsonl`` and ``out/metrics.json`` in one atomic step. The samples
+    are journalled batch by batch beside ``out`` (:func:`journal_path`); ``resume`` goes on from a journal an
+    interrupted build left, ``force`` starts again."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from elastic_reset.rewards.classifier import SentimentReward
@@ -134,17 +195,26 @@ def build_gold_pairs(policy: str | Path, gold: str | Path, prompts: list[str], o
     if len(prompts) < config.n_pairs:
         raise ConfigError(f"n_pairs: {config.n_pairs} asked for, {len(prompts)} prompts available")
     prompts = prompts[:config.n_pairs]
+    settings = {"config": asdict(config), "policy": str(policy),
+                "prompts": hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    journal = _open_journal(journal_path(out), settings, resume, force)
+    resumed = sum(len(r["pairs"]) for r in journal.records() if r["step"] >= 0)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(policy).eval()
-    pairs = sample_pairs(model, AutoTokenizer.from_pretrained(policy), prompts, config)
+    try:
+        pairs = sample_pairs(model, AutoTokenizer.from_pretrained(policy), prompts, config, journal)
+    finally:
+        journal.close()
     sampled = time.perf_counter() - started
     rows = label_pairs(prompts, pairs, SentimentReward(gold), config)
     metrics = {**pairs_summary(rows), "config": asdict(config), "policy": str(policy), "gold": str(gold),
-               "sample_seconds": sampled, "seconds": time.perf_counter() - started}
+               "resumed_pairs": resumed, "sample_seconds": sampled, "seconds": time.perf_counter() - started}
 
     def write(tmp: Path) -> None:
         (tmp / PAIRS).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         (tmp / METRICS).write_text(json.dumps(metrics, indent=1) + "\n")
 
     save_folder_atomically(out, write)
+    journal.path.unlink()
     return out, metrics
