@@ -58,7 +58,7 @@ need_policy() {
   { read -r gold; read -r policy; } < <(.venv/bin/python -c "from elastic_reset.models import \
     imdb_classifier_path as gold, imdb_smollm2_path as policy; print(gold(), policy(False), sep='\n')")
   [ -f "$gold/config.json" ] || $ER build imdb-classifier --data-dir ../shared/data
-  [ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data
+  [ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data --resume
   same_build "$policy/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
 }
 need_pairs() {  # N
