@@ -2,8 +2,9 @@
 
 :func:`resolve_device` turns a device setting into a ``torch.device``; :func:`native_bf16` says whether a device
 computes bf16 natively; :func:`autocast_dtype` turns an autocast setting into the dtype to autocast to (or None).
-The RL engine, the reward classifier and the pretraining builders all go through these. :func:`describe_machine`
-says where a process runs, for run directories and benchmark results.
+The RL engine, the reward classifier and the pretraining builders all go through these. :func:`rng_state` and
+:func:`set_rng_state` keep and put back the generators sampling on a device draws from, for jobs that resume.
+:func:`describe_machine` says where a process runs, for run directories and benchmark results.
 """
 
 from __future__ import annotations
@@ -16,6 +17,21 @@ from pathlib import Path
 import torch
 
 from elastic_reset.errors import ConfigError
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The generators that sampling on ``device`` draws from (the CPU's, and the GPU's on a GPU), to put back with
+    :func:`set_rng_state` where an interrupted job resumes."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def resolve_device(setting: str | torch.device | None = "auto", field: str = "model.device") -> torch.device:

@@ -41,7 +41,7 @@ from elastic_reset.data.translation import load_multi30k, pretrain_part, pretrai
 from elastic_reset.errors import ConfigError, RunFileError
 from elastic_reset.io import atomic_write, atomic_write_text, open_regular, save_folder_atomically
 from elastic_reset.lm.batching import length_grouped_batches
-from elastic_reset.lm.device import resolve_device
+from elastic_reset.lm.device import resolve_device, rng_state, set_rng_state
 from elastic_reset.lm.greedy import greedy_translate
 from elastic_reset.lm.scoring import label_smoothed_loss, sequence_nll, token_nll
 
@@ -168,19 +168,6 @@ def _inverse_sqrt(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
-def _rng_state(device: torch.device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def _read_checkpoint(path: Path) -> dict:
     """An agent's checkpoint: tensors and plain data only (``weights_only``), as the RL engine's."""
     with open_regular(path) as f:
@@ -229,7 +216,7 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        _set_rng_state(state["rng"], device)
+        set_rng_state(state["rng"], device)
         log(f"build translation-agents: {name} resumed after epoch {state['epoch']}"
             + (" (finished)" if state["done"] else ""))
     t0 = time.perf_counter() - state["seconds"]
@@ -252,7 +239,7 @@ def _train(model, batches_of_epoch, score_val, config: AgentConfig, name: str, l
         state["seconds"] = time.perf_counter() - t0
         if checkpoint is not None:
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                         schedule=schedule.state_dict(), rng=_rng_state(device))
+                         schedule=schedule.state_dict(), rng=rng_state(device))
             atomic_write(checkpoint, lambda f: torch.save(state, f))
     model.load_state_dict(state["best_state"])
     model.eval()

@@ -24,7 +24,7 @@ import torch
 from elastic_reset.errors import ConfigError
 from elastic_reset.io import MetricsLog, save_folder_atomically
 from elastic_reset.lm.cpu_bf16 import packed_linears
-from elastic_reset.lm.device import autocast_dtype
+from elastic_reset.lm.device import autocast_dtype, rng_state, set_rng_state
 from elastic_reset.lm.scoring import autocast
 
 PAIRS = "pairs.jsonl"
@@ -73,21 +73,15 @@ class GoldPairsConfig:
             raise ConfigError(f"temperature: expected a finite number > 0, got {self.temperature!r}")
 
 
-def _rng_state(device: torch.device) -> dict[str, str]:
-    """The generators sampling draws from, as text (a journal line is JSON)."""
-    states = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    return {name: base64.b64encode(state.numpy().tobytes()).decode("ascii") for name, state in states.items()}
+def _rng_text(device: torch.device) -> dict[str, str]:
+    """The generators' state as text (a journal line is JSON)."""
+    return {name: base64.b64encode(state.numpy().tobytes()).decode("ascii")
+            for name, state in rng_state(device).items()}
 
 
-def _set_rng_state(states: dict[str, str], device: torch.device) -> None:
-    def tensor(text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-    torch.set_rng_state(tensor(states["cpu"]))
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(tensor(states["cuda"]), device)
+def _set_rng_text(states: dict[str, str], device: torch.device) -> None:
+    set_rng_state({name: torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+                   for name, text in states.items()}, device)
 
 
 @torch.no_grad()
@@ -109,7 +103,7 @@ def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig,
     for record in journal.records() if journal else []:
         if record["step"] >= 0:
             pairs.extend((a, b) for a, b in record["pairs"])
-            _set_rng_state(record["rng"], model.device)
+            _set_rng_text(record["rng"], model.device)
     with autocast(model, dtype), packed_linears(model, dtype, batch_hint=2 * config.batch_size):
         for start in range(len(pairs), len(prompts), config.batch_size):
             enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
@@ -121,7 +115,7 @@ def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig,
             batch = list(zip(texts[0::2], texts[1::2]))
             pairs.extend(batch)
             if journal:
-                journal.write({"step": start, "pairs": batch, "rng": _rng_state(model.device)})
+                journal.write({"step": start, "pairs": batch, "rng": _rng_text(model.device)})
     return pairs
 
 
