@@ -160,3 +160,13 @@ def test_pinned_ema_on_the_cpu_matches_an_ema_kept_on_the_gpu():
     assert event is not None
     assert all(torch.allclose(a, b.cpu()) for a, b in zip(on_cpu.ema, on_gpu.init))  # θ̄ ← θ0 after the reset
     assert all(torch.allclose(p.cpu(), e.cpu()) for p, e in zip(model.parameters(), on_gpu.ema))
+
+
+def test_a_run_records_the_instruction_set_its_kernels_use_and_the_caps_set_on_it(monkeypatch):
+    for name in lm_device.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    machine = lm_device.describe_machine("cpu")
+    assert machine["isa_caps"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+

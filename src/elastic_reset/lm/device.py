@@ -68,10 +68,16 @@ def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dt
     return torch.bfloat16 if native_bf16(device) else None
 
 
+# What caps the instruction set of torch's own kernels, MKL's and oneDNN's: at AVX2, a CPU with wider vectors runs
+# the kernels an AVX2-only one runs (benchmarks/translation_grid.sh)
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def describe_machine(device: torch.device | str | None = None) -> dict:
     """Where this process runs: the CPU's model, cores (and those this process may use), memory, AVX-512 BF16, the
-    GPU's name when ``device`` is CUDA (None: when torch sees one), the platform, and the versions of Python, torch
-    and transformers, with the date. A grid that spans sessions runs on several machines: each run records this."""
+    instruction set torch's kernels use and the caps set on it (:data:`ISA_CAPS`), the GPU's name when ``device`` is
+    CUDA (None: when torch sees one), the platform, and the versions of Python, torch and transformers, with the
+    date. A grid that spans sessions runs on several machines: each run records this."""
     import transformers
 
     cpu, mem_gib = platform.processor() or "unknown", None
@@ -89,6 +95,8 @@ def describe_machine(device: torch.device | str | None = None) -> dict:
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mem_gib": mem_gib,
         "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "isa_caps": {name: os.environ[name] for name in ISA_CAPS if name in os.environ},
         "gpu": torch.cuda.get_device_name(torch.device(device) if device is not None else None) if cuda else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
