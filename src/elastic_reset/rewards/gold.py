@@ -85,25 +85,23 @@ def _set_rng_text(states: dict[str, str], device: torch.device) -> None:
 
 
 @torch.no_grad()
-def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig,
-                 journal: MetricsLog | None = None) -> list[tuple[str, str]]:
+def sample_pairs(model, tokenizer, prompts: list[str], config: GoldPairsConfig, journal: MetricsLog | None = None,
+                 done: Sequence[dict] = ()) -> list[tuple[str, str]]:
     """Two continuations of each prompt, sampled from the full distribution (temperature 1, no top-k or top-p, as
     the RL runs sample), ``config.max_new_tokens`` tokens each; under bf16 autocast with pre-packed weights where
     the device computes bf16 natively, as the engine's sampler (``model.autocast: auto``).
 
     ``journal``: each batch's pairs and the generators' state after it are appended there (``step`` = the batch's
-    first prompt), and the batches already in it are not sampled again: an interrupted build goes on where it
-    stopped and samples what an uninterrupted one would."""
+    first prompt). ``done``: the batches an interrupted build journalled, not sampled again; the generators go on
+    from the state after the last, so the build samples what an uninterrupted one would."""
     tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     dtype = autocast_dtype("auto", model.device)
     torch.manual_seed(config.seed)
-    pairs: list[tuple[str, str]] = []
-    for record in journal.records() if journal else []:
-        if record["step"] >= 0:
-            pairs.extend((a, b) for a, b in record["pairs"])
-            _set_rng_text(record["rng"], model.device)
+    pairs = [(a, b) for record in done for a, b in record["pairs"]]
+    if done:
+        _set_rng_text(done[-1]["rng"], model.device)
     with autocast(model, dtype), packed_linears(model, dtype, batch_hint=2 * config.batch_size):
         for start in range(len(pairs), len(prompts), config.batch_size):
             enc = tokenizer(prompts[start:start + config.batch_size], return_tensors="pt", padding=True,
@@ -150,9 +148,9 @@ def journal_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".partial.jsonl")
 
 
-def _open_journal(path: Path, settings: dict, resume: bool, force: bool) -> MetricsLog:
+def _open_journal(path: Path, settings: dict, resume: bool, force: bool) -> tuple[MetricsLog, list[dict]]:
     """The sampling journal at ``path``, started with ``settings`` (step −1), or an earlier one continued when
-    ``resume`` and it was written with the same settings."""
+    ``resume`` and it was written with the same settings; with the batches it already holds."""
     journal = MetricsLog(path)
     if path.exists() and force:
         path.unlink()
@@ -167,9 +165,9 @@ def _open_journal(path: Path, settings: dict, resume: bool, force: bool) -> Metr
             raise ConfigError(f"{path}: written by a build with other settings ({', '.join(changed) or 'header'}); "
                               "pass --force to start again")
         journal.truncate_after(max(r["step"] for r in records))  # a torn last line goes before appending
-        return journal
+        return journal, [r for r in records if r["step"] >= 0]
     journal.write({"step": -1, "settings": settings})
-    return journal
+    return journal, []
 
 
 def build_gold_pairs(policy: str | Path, gold: str | Path, prompts: list[str], out: str | Path,
@@ -192,18 +190,18 @@ def build_gold_pairs(policy: str | Path, gold: str | Path, prompts: list[str], o
     settings = {"config": asdict(config), "policy": str(policy),
                 "prompts": hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    journal = _open_journal(journal_path(out), settings, resume, force)
-    resumed = sum(len(r["pairs"]) for r in journal.records() if r["step"] >= 0)
+    journal, done = _open_journal(journal_path(out), settings, resume, force)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(policy).eval()
     try:
-        pairs = sample_pairs(model, AutoTokenizer.from_pretrained(policy), prompts, config, journal)
+        pairs = sample_pairs(model, AutoTokenizer.from_pretrained(policy), prompts, config, journal, done)
     finally:
         journal.close()
     sampled = time.perf_counter() - started
     rows = label_pairs(prompts, pairs, SentimentReward(gold), config)
     metrics = {**pairs_summary(rows), "config": asdict(config), "policy": str(policy), "gold": str(gold),
-               "resumed_pairs": resumed, "sample_seconds": sampled, "seconds": time.perf_counter() - started}
+               "resumed_pairs": sum(len(r["pairs"]) for r in done), "sample_seconds": sampled,
+               "seconds": time.perf_counter() - started}
 
     def write(tmp: Path) -> None:
         (tmp / PAIRS).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
