@@ -169,4 +169,3 @@ def test_a_run_records_the_instruction_set_its_kernels_use_and_the_caps_set_on_i
     machine = lm_device.describe_machine("cpu")
     assert machine["isa_caps"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-
