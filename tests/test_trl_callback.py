@@ -17,7 +17,6 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import pytest
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from elastic_reset.integrations import trl as integration
@@ -26,6 +25,13 @@ from elastic_reset.lm.lora import add_lora
 from elastic_reset.models import byte_tokenizer, tiny_causal_lm
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
+
+def _prompts(prompts):
+    """TRL's trainers take a `datasets.Dataset` (trl requires datasets; the plain-Trainer tests below need neither)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": prompts})
+
 
 DECAY = 0.9  # far from 1, so that a reset moves the weights well beyond float noise
 RESET_EVERY = 2
@@ -99,7 +105,7 @@ def _grpo(output_dir, callbacks):
         per_device_train_batch_size=2, num_generations=2, max_completion_length=8, max_steps=STEPS,
         logging_steps=1, save_steps=SAVE_STEPS, report_to="none", disable_tqdm=True, gradient_checkpointing=False,
     )
-    dataset = Dataset.from_dict({"prompt": ["hello", "abc", "xyz", "qq"] * 4})
+    dataset = _prompts(["hello", "abc", "xyz", "qq"] * 4)
     return trl.GRPOTrainer(model=tiny_causal_lm(hidden=64, layers=2), reward_funcs=_byte_mean_reward, args=args,
                            train_dataset=dataset, processing_class=byte_tokenizer(), callbacks=callbacks)
 
@@ -200,7 +206,7 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
         beta=0.0,  # with beta > 0, RLOOTrainer reloads a reference model from config._name_or_path: none here
     )
     trainer = trl.RLOOTrainer(model=model, reward_funcs=_byte_mean_reward, args=args, processing_class=byte_tokenizer(),
-                              train_dataset=Dataset.from_dict({"prompt": ["hello", "abc"] * 4}), callbacks=[callback])
+                              train_dataset=_prompts(["hello", "abc"] * 4), callbacks=[callback])
     trainer.train()
     er = callback.elastic_reset
     assert len(er.names) == 8 and all(".lora_A." in n or ".lora_B." in n for n in er.names)
@@ -228,7 +234,7 @@ def _lora_grpo(output_dir, callbacks, steps=4, model=None, save_steps=None):
         beta=0.1,  # a KL reference to sync: with a PeftModel TRL keeps it as a frozen "ref" adapter
     )
     return trl.GRPOTrainer(model=model, reward_funcs=_byte_mean_reward, args=args, processing_class=byte_tokenizer(),
-                           train_dataset=Dataset.from_dict({"prompt": ["hello", "abc", "xyz", "qq"] * 4}),
+                           train_dataset=_prompts(["hello", "abc", "xyz", "qq"] * 4),
                            callbacks=callbacks)
 
 
@@ -299,7 +305,7 @@ def _lm_trainer(output_dir, callbacks, max_steps=4, report_to="none"):
         disable_tqdm=True,
     )
     return Trainer(model=tiny_causal_lm(hidden=64, layers=2), args=args, callbacks=callbacks,
-                   train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}))
+                   train_dataset=[{"input_ids": x, "labels": x} for x in ids])  # no `datasets` needed
 
 
 @pytest.fixture(scope="module")
