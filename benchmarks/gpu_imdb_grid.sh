@@ -55,11 +55,7 @@ done
 tail -3 "$KEEP/policy.log" | tee -a "$OUT/builds.log"
 echo "builds done at $(since)" | tee -a "$OUT/builds.log"
 
-# MPS lets the cells' processes run kernels side by side instead of time-slicing the GPU between their contexts.
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p /tmp/mps /tmp/mps-log
-if nvidia-cuda-mps-control -d && timeout 30 python3 -c "import torch; print(torch.ones(2, device='cuda').sum().item())"
-then mps=on; else echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; mps=off; fi
+source benchmarks/mps.sh && start_mps
 jobs=${JOBS:-$([ $mps = on ] && echo 12 || echo 7)}
 echo "MPS $mps, $jobs cells at once, grid begins at $(since)" | tee -a "$OUT/builds.log"
 # The grid writes its exit code to grid.rc when it ends (pgrep would find this script: its name holds the grid's).

@@ -23,6 +23,7 @@
 #  reset_to_ema   + RESET TO EMA (the EMA is never reset), beta 0.001, eta 0.99
 #  elastic_reset  + ELASTIC RESET, beta 0.001, eta 0.99
 # Resets every 0.46 x STEPS (the paper's 23k of 50k updates: two resets, three iterations).
+# ER, PY, PYTHON: the CLI and the interpreters it runs (default .venv/bin/...; gpu_translation.sh runs it there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The grid's agents and first cells are an AVX2 machine's (fp32: autocast none). A CPU with wider vectors runs the
@@ -51,7 +52,7 @@ if [ -n "${THREADS:-}" ]; then common+=(--set "threads=$THREADS"); fi
 # Tatoeba (~75 min on the AVX-512 CPU), then adapted on 8,000 lines of Multi30k train (~5 min).
 # The speaker (the policy) and the listener must come from the same build.
 if [ -z "${AGENTS:-}" ]; then
-  base=$(.venv/bin/python -c "from elastic_reset.models import translation_agents_path as p; print(p(False))")
+  base=$(${PY:-.venv/bin/python} -c "from elastic_reset.models import translation_agents_path as p; print(p(False))")
   AGENTS=$base-adapt8000
   if [ ! -f "$AGENTS/build_metrics.json" ]; then
     [ -f "$base/build_metrics.json" ] || $ER build translation-agents --data-dir ../shared/data --max-epochs 4 \
@@ -84,4 +85,4 @@ done
 # What BENCHMARKS.md cites besides the cells and the agents' build metrics (the PRETRAINED row): the report, the
 # figures and the verdict.
 cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png "$RESULTS/"
-.venv/bin/python benchmarks/translation_verdict.py "$RESULTS"
+${PY:-.venv/bin/python} benchmarks/translation_verdict.py "$RESULTS"
