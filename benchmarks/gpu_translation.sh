@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 39 on one GPU, in one device call: what the Translation Game costs there, measured, so that a lease can be
 # sized for the grid at the paper's budget (50k updates) instead of estimated. In turn:
-#   1. the CUDA tests, the game's included (its data travels here, so it no longer skips), beside
+#   1. the CUDA tests, the game's included (its data travels here, so it no longer skips);
 #   2. the out-of-domain build on the GPU (translation_grid.sh's recipe: Tatoeba for EPOCHS epochs, then the 3-epoch
-#      adaptation on 8,000 Multi30k lines), each model-epoch timed by the build's log;
+#      adaptation on 8,000 Multi30k lines), each model-epoch timed by the build's log, the three agents side by side
+#      (BUILD_JOBS processes, under CUDA MPS; session 52 built them in turn, beside the tests: BENCHMARKS.md);
 #   3. the grid's 7 methods x 1 seed side by side (translation_grid.sh, JOBS cells at once under CUDA MPS) for STEPS
 #      updates, stopped at DEADLINE seconds after the call began: each cell's metrics.jsonl times every update.
 #   STEPS=400 EPOCHS=1 DEADLINE=520 bash benchmarks/gpu_translation.sh      # carry .whl .trd
@@ -15,7 +16,7 @@
 # updates are not results. Everything comes back as $OUT/translation_gpu.tgz and the logs beside it.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_translation} KEEP=/tmp/keep
-STEPS=${STEPS:-400} EPOCHS=${EPOCHS:-1} DEADLINE=${DEADLINE:-520} T_TESTS=${T_TESTS:-150}
+STEPS=${STEPS:-400} EPOCHS=${EPOCHS:-1} DEADLINE=${DEADLINE:-520} T_TESTS=${T_TESTS:-150} BUILD_JOBS=${BUILD_JOBS:-3}
 start=$(date +%s)
 since() { echo "$(( $(date +%s) - start )) s"; }
 mkdir -p "$OUT" "$KEEP/shared"
@@ -32,18 +33,19 @@ ER="python3 -m elastic_reset.cli"
 } 2>&1 | tee "$OUT/machine.txt"
 
 agents=/tmp/agents adapted=/tmp/agents-adapt8000
-(setsid nohup bash -c "$ER build translation-agents --data-dir ../shared/data --max-epochs $EPOCHS --device cuda \
-   --out $agents && $ER build translation-agents --data-dir ../shared/data --adapt $agents --pretrain-lines 8000 \
-   --device cuda --out $adapted; echo \$? > $KEEP/build.rc" > "$KEEP/build.log" 2>&1 &)
 timeout "$T_TESTS" python3 -m pytest -m cuda -q -p no:cacheprovider tests > "$OUT/cuda_tests.log" 2>&1
 echo "CUDA tests done at $(since)" | tee -a "$OUT/machine.txt"
+source benchmarks/mps.sh && start_mps
+echo "MPS $mps; the build begins at $(since)" | tee -a "$OUT/machine.txt"
+(setsid nohup bash -c "$ER build translation-agents --data-dir ../shared/data --max-epochs $EPOCHS --device cuda \
+   --jobs $BUILD_JOBS --out $agents && $ER build translation-agents --data-dir ../shared/data --adapt $agents \
+   --pretrain-lines 8000 --device cuda --out $adapted; echo \$? > $KEEP/build.rc" > "$KEEP/build.log" 2>&1 &)
 while [ ! -f "$KEEP/build.rc" ] && [ "$(( $(date +%s) - start ))" -lt "$DEADLINE" ]; do sleep 2; done
 echo "build ended at $(since) with exit code $(cat "$KEEP/build.rc" 2>/dev/null || echo 'none yet')" \
   | tee -a "$OUT/machine.txt"
 
 if [ "$(cat "$KEEP/build.rc" 2>/dev/null)" = 0 ]; then
-  source benchmarks/mps.sh && start_mps
-  echo "MPS $mps; the grid begins at $(since)" | tee -a "$OUT/machine.txt"
+  echo "the grid begins at $(since)" | tee -a "$OUT/machine.txt"
   (AGENTS=$adapted SEEDS=1 STEPS=$STEPS JOBS=${JOBS:-7} ISA=native ER=$ER PY=python3 PYTHON=python3 GRID=/tmp/grid \
      RESULTS=/tmp/grid_results setsid nohup bash -c \
      'bash benchmarks/translation_grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)

@@ -215,6 +215,24 @@ def test_an_interrupted_build_resumes_to_the_agents_of_an_uninterrupted_one(agen
     assert built[0]["pretrained"] == built[1]["pretrained"]
 
 
+def test_agents_trained_side_by_side_are_those_trained_in_turn(agents, tmp_path):
+    out, lines = tmp_path / "translation-game", []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the fixture's build; each of the three processes gets one thread too
+    try:
+        metrics = build_agents(SHARED_DATA, out, TINY_AGENTS, limit=300, log=lines.append, jobs=3)
+    finally:
+        torch.set_num_threads(threads)
+    # The processes trained them: this one only read their finished checkpoints.
+    for name in ("fr-en", "en-de", "en-lm"):
+        assert f"build translation-agents: {name} resumed after epoch 2 (finished)" in lines
+        side, turn = (load_file(folder / name / "model.safetensors") for folder in (out, agents))
+        assert side.keys() == turn.keys()
+        assert all(torch.equal(side[k], turn[k]) for k in turn), name
+    assert metrics["jobs"] == 3
+    assert metrics["pretrained"] == json.loads((agents / "build_metrics.json").read_text())["pretrained"]
+
+
 def test_a_build_left_unfinished_is_continued_only_with_resume_and_its_own_settings(tmp_path):
     if not SHARED_DATA.is_dir():
         pytest.skip(f"offline datasets not found at {SHARED_DATA} (set ELASTIC_RESET_DATA to the data folder)")
@@ -269,6 +287,10 @@ def test_adapt_options_are_checked_before_anything_trains(agents, tmp_path):
         build_translation_agents(SHARED_DATA, tmp_path / "a", adapt=agents)
     with pytest.raises(ConfigError, match="^--adapt: takes"):
         build_translation_agents(SHARED_DATA, tmp_path / "a", pretrain_lines=256, adapt=agents, resume=True)
+    with pytest.raises(ConfigError, match="^--adapt: takes"):
+        build_translation_agents(SHARED_DATA, tmp_path / "a", pretrain_lines=256, adapt=agents, jobs=2)
+    with pytest.raises(ConfigError, match="^--jobs: expected"):
+        build_agents(SHARED_DATA, tmp_path / "b", TINY_AGENTS, limit=300, log=lambda _: None, jobs=0)
 
 
 def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_path):

@@ -253,7 +253,8 @@ def _build_translation_agents(args: argparse.Namespace) -> int:
     out, metrics = build_translation_agents(args.data_dir, args.out, max_epochs=args.max_epochs,
                                             pretrain_lines=args.pretrain_lines, corpus=args.corpus,
                                             label_smoothing=args.label_smoothing, device=args.device,
-                                            force=args.force, resume=args.resume, adapt=args.adapt)
+                                            force=args.force, resume=args.resume, adapt=args.adapt,
+                                            jobs=args.jobs)
     val = metrics["pretrained"]["val"]
     print(f"Translation Game agents written to {out} in {metrics['build_seconds']:.0f} s; PRETRAINED (val): task "
           f"{val['task_bleu']:.1f} BLEU, drift {val['drift_bleu']:.1f} BLEU")
@@ -431,6 +432,9 @@ def _translation_agents_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace agents already at --out")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted build from its last finished "
                         "epoch (kept in <out>.checkpoints/ until the build is written)")
+    parser.add_argument("--jobs", type=_positive_int, default=1, help="train the three agents side by side in this "
+                        "many processes (at most 3; the same agents as one at a time): for a GPU or a CPU with cores "
+                        "to spare")
     parser.add_argument("--adapt", metavar="DIR", default=None, help="instead of a build: continue the agents of a "
                         "Tatoeba-only build in DIR on --pretrain-lines lines of Multi30k train for --max-epochs epochs "
                         "(default 3, lr 3e-4; minutes on a CPU); the game plays on the other lines")

@@ -385,15 +385,32 @@ def _shared_tokenizer(path: Path, texts: list[str], vocab_size: int):
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 
+def _pretrain_in_a_process(name: str, data: tuple, tokenizer_path: Path, config: AgentConfig, device: str,
+                           checkpoint: Path, threads: int) -> None:
+    """One agent of :func:`build_agents`'s side-by-side build, in a process of its own: trained to its finished
+    checkpoint, from which the build then reads it."""
+    from transformers import PreTrainedTokenizerFast
+
+    torch.set_num_threads(threads)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_path)
+    if name == "en-lm":
+        pretrain_english_lm(*data, tokenizer, config, print, device, checkpoint)
+    else:
+        pretrain_translator(*data, tokenizer, config, name, print, device, checkpoint)
+
+
 def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, limit: int | None = None,
-                 log=print, device: str = "cpu", resume: bool = False) -> dict:
+                 log=print, device: str = "cpu", resume: bool = False, jobs: int = 1) -> dict:
     """Everything ``elastic-reset build translation-agents`` writes into ``out`` (atomically, as one folder):
     ``fr-en/``, ``en-de/``, ``en-lm/`` (each a Hugging Face folder with the shared tokenizer) and
     ``build_metrics.json``. ``limit`` caps the pretraining pairs and the dev, val and test lines (for tests).
     ``device``: where to train (``auto``: CUDA when present); the folder holds the weights the same way either
     way. Until the build finishes, the vocabulary and each agent's state after every epoch are kept in
     ``<out>.checkpoints/``; ``resume`` continues from there (the same settings required), else a folder left there
-    is refused."""
+    is refused. ``jobs`` > 1 trains the three side by side, each in a process of its own (seeded alike, they are the
+    agents trained in turn), the torch threads shared among them."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs: expected a number of processes of at least 1, got {jobs}")
     device = resolve_device(device, "--device")
     out = Path(out)
     work = _checkpoints_folder(out, {"config": asdict(config), "limit": limit}, resume)
@@ -413,12 +430,24 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         "Multi30k lines)")
     dev = text["dev"]
     set_up = time.perf_counter() - t_start
-    speaker, speaker_info = pretrain_translator(fr, en, *dev["fr-en"], tokenizer, config, "fr-en", log, device,
+    parts = {"fr-en": (fr, en, *dev["fr-en"]), "en-de": (en2, de, *dev["en-de"]), "en-lm": (text["en"], dev["en"])}
+    side_by_side = None
+    if jobs > 1:
+        # Each process leaves its agent finished in its checkpoint; the calls below then read, not train, them.
+        from concurrent.futures import ProcessPoolExecutor
+
+        t_side = time.perf_counter()
+        workers, threads = min(jobs, len(parts)), max(1, torch.get_num_threads() // min(jobs, len(parts)))
+        with ProcessPoolExecutor(workers, mp_context=torch.multiprocessing.get_context("spawn")) as pool:
+            for done in [pool.submit(_pretrain_in_a_process, name, data, work / "tokenizer", config, str(device),
+                                     work / f"{name}.pt", threads) for name, data in parts.items()]:
+                done.result()
+        side_by_side = time.perf_counter() - t_side
+    speaker, speaker_info = pretrain_translator(*parts["fr-en"], tokenizer, config, "fr-en", log, device,
                                                 checkpoint=work / "fr-en.pt")
-    listener, listener_info = pretrain_translator(en2, de, *dev["en-de"], tokenizer, config, "en-de", log, device,
+    listener, listener_info = pretrain_translator(*parts["en-de"], tokenizer, config, "en-de", log, device,
                                                   checkpoint=work / "en-de.pt")
-    lm, lm_info = pretrain_english_lm(text["en"], dev["en"], tokenizer, config, log, device,
-                                      checkpoint=work / "en-lm.pt")
+    lm, lm_info = pretrain_english_lm(*parts["en-lm"], tokenizer, config, log, device, checkpoint=work / "en-lm.pt")
     t_scoring = time.perf_counter()
     pretrained = _pretrained_rows(speaker, listener, tokenizer, held_out, log)
     agents = {"fr-en": speaker_info, "en-de": listener_info, "en-lm": lm_info}
@@ -426,10 +455,12 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         "agents": agents, "pretrained": pretrained,
         "corpus": config.corpus, "pretrain_pairs": {"fr-en": len(fr), "en-de": len(en2), "en": len(text["en"])},
         "split": {"seed": 0, "pretrain_lines": multi30k_lines},
-        # A resumed build: each agent's training over every process, plus this process's set-up and scoring.
-        "build_seconds": set_up + sum(info["seconds"] for info in agents.values())
+        # A resumed build: each agent's training over every process, plus this process's set-up and scoring; side
+        # by side: the wall time of the three.
+        "build_seconds": set_up + (side_by_side if side_by_side is not None
+                                   else sum(info["seconds"] for info in agents.values()))
         + time.perf_counter() - t_scoring,
-        "config": asdict(config), "torch_threads": torch.get_num_threads(), "device": str(device),
+        "config": asdict(config), "torch_threads": torch.get_num_threads(), "device": str(device), "jobs": jobs,
     }
     _write_agents(out, (speaker, listener, lm), tokenizer, metrics)
     shutil.rmtree(work)
@@ -497,7 +528,7 @@ def adapt_agents(data_dir: str | Path, source: str | Path, out: str | Path, adap
 def build_translation_agents(data_dir: str | Path, out: str | Path | None = None, *, max_epochs: int | None = None,
                              pretrain_lines: int | None = None, label_smoothing: float | None = None,
                              corpus: str = "tatoeba", device: str = "auto", force: bool = False,
-                             resume: bool = False, adapt: str | Path | None = None,
+                             resume: bool = False, adapt: str | Path | None = None, jobs: int = 1,
                              log=print) -> tuple[Path, dict]:
     """``elastic-reset build translation-agents``: :func:`build_agents` with :class:`AgentConfig`'s defaults but for
     the settings given, into ``out`` (default: where the ``translation_game`` task looks); ``resume`` continues an
@@ -513,7 +544,7 @@ def build_translation_agents(data_dir: str | Path, out: str | Path | None = None
             raise ConfigError(f"--out: {out} is the folder being adapted; write the adapted agents elsewhere")
         if not pretrain_lines:
             raise ConfigError("--pretrain-lines: --adapt needs the Multi30k lines to adapt on (a number above 0)")
-        if resume or label_smoothing is not None or corpus != "tatoeba":
+        if resume or label_smoothing is not None or corpus != "tatoeba" or jobs != 1:
             raise ConfigError("--adapt: takes --pretrain-lines, --max-epochs, --device, --out and --force only")
         settings = AdaptConfig(pretrain_lines, **({} if max_epochs is None else {"epochs": max_epochs}))
         return out, adapt_agents(data_dir, adapt, out, settings, log=log, device=device)
@@ -522,4 +553,4 @@ def build_translation_agents(data_dir: str | Path, out: str | Path | None = None
         config = replace(config, max_epochs=max_epochs)
     if label_smoothing is not None:
         config = replace(config, label_smoothing=label_smoothing)
-    return out, build_agents(data_dir, out, config, log=log, device=device, resume=resume)
+    return out, build_agents(data_dir, out, config, log=log, device=device, resume=resume, jobs=jobs)
