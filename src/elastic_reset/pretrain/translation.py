@@ -437,7 +437,8 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
         from concurrent.futures import ProcessPoolExecutor
 
         t_side = time.perf_counter()
-        workers, threads = min(jobs, len(parts)), max(1, torch.get_num_threads() // min(jobs, len(parts)))
+        workers = min(jobs, len(parts))
+        threads = max(1, torch.get_num_threads() // workers)
         with ProcessPoolExecutor(workers, mp_context=torch.multiprocessing.get_context("spawn")) as pool:
             for done in [pool.submit(_pretrain_in_a_process, name, data, work / "tokenizer", config, str(device),
                                      work / f"{name}.pt", threads) for name, data in parts.items()]:
