@@ -26,6 +26,7 @@ from elastic_reset.models import byte_tokenizer, tiny_causal_lm
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
 
+
 def _prompts(prompts):
     """TRL's trainers take a `datasets.Dataset` (trl requires datasets; the plain-Trainer tests below need neither)."""
     from datasets import Dataset
