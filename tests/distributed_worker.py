@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from elastic_reset.rl.config import load_config
+from elastic_reset.rl.distributed import leave_process_group
 from elastic_reset.rl.trainer import RLTrainer
 
 
@@ -59,6 +60,7 @@ def main() -> None:
                 "prompts": prompts_seen, "world_size": trainer.dp.world_size, "losses": losses,
                 "entropy_ctl": None if trainer.entropy_ctl is None else trainer.entropy_ctl.state_dict()},
                out / f"rank{trainer.dp.rank}.pt")
+    leave_process_group()
 
 
 if __name__ == "__main__":

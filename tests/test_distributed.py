@@ -158,6 +158,19 @@ def test_a_checkpoint_resumes_only_on_as_many_processes(two_rank_run, tmp_path):
         trainer.load_state_dict(state)
 
 
+def test_the_cli_leaves_the_process_group_it_ran_in(tmp_path):
+    # A gloo group left for the interpreter's exit can abort a finished rank (SIGABRT: a CI run failed so).
+    from elastic_reset.cli import main
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert main(["train", str(TINY), "--print-config"]) == 0
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 def test_a_batch_must_split_evenly_over_the_processes():
     with pytest.raises(ConfigError, match="algo.prompts_per_step: 5 does not split evenly over 2 processes"):
         DataParallel(world_size=2).check_divides("algo.prompts_per_step", 5)

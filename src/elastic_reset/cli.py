@@ -614,7 +614,12 @@ def _user_error(err: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        if "torch" in sys.modules:  # only a command that imported torch can have joined a process group
+            from elastic_reset.rl.distributed import leave_process_group
+
+            leave_process_group()  # under `accelerate launch`: the ranks part once all of them have finished
+        return status
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -38,6 +38,15 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def leave_process_group() -> None:
+    """Once every rank is done with it, destroy the process group this process joined (a no-op where none was
+    joined). A gloo group left for the interpreter's exit can abort the process with "terminate called without an
+    active exception" (its worker threads outlive the interpreter: pytorch/pytorch#190489), failing a finished run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 @dataclass
 class DataParallel:
     """This process's place among the data-parallel ranks, and the collectives the trainer needs. With one
