@@ -171,6 +171,17 @@ def test_the_cli_leaves_the_process_group_it_ran_in(tmp_path):
             torch.distributed.destroy_process_group()
 
 
+def test_a_group_the_library_joined_is_left_at_exit_without_a_call(tmp_path):
+    # A user's script under `accelerate launch` that trains and ends without leave_process_group().
+    script = tmp_path / "user_script.py"
+    script.write_text("import atexit, torch\n"
+                      "from elastic_reset.rl.distributed import DataParallel\n"
+                      "atexit.register(lambda: print('left:', not torch.distributed.is_initialized(), flush=True))\n"
+                      "assert DataParallel.from_environment('cpu').world_size == 2\n")
+    done = _run(_launch(script), timeout=120)
+    assert done.stdout.count("left: True") == 2, done.stdout
+
+
 def test_a_batch_must_split_evenly_over_the_processes():
     with pytest.raises(ConfigError, match="algo.prompts_per_step: 5 does not split evenly over 2 processes"):
         DataParallel(world_size=2).check_divides("algo.prompts_per_step", 5)

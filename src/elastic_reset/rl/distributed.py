@@ -19,6 +19,7 @@ an update weights tokens slightly differently from one process holding the whole
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,12 @@ def leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
+def _destroy_process_group() -> None:
+    # At exit, no barrier: a rank that failed must not wait there for ranks that will never arrive.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @dataclass
 class DataParallel:
     """This process's place among the data-parallel ranks, and the collectives the trainer needs. With one
@@ -63,7 +70,12 @@ class DataParallel:
             return cls()
         from accelerate import PartialState
 
+        joined_here = not torch.distributed.is_initialized()
         state = PartialState(cpu=not device.startswith("cuda"))
+        if joined_here:
+            # Whoever opens the group closes it: a script of the user's own that trains under `accelerate launch`
+            # and never calls leave_process_group() would otherwise leave it to the interpreter's exit (above).
+            atexit.register(_destroy_process_group)
         return cls(state.num_processes, state.process_index, state.local_process_index)
 
     @property
