@@ -39,18 +39,14 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def leave_process_group() -> None:
-    """Once every rank is done with it, destroy the process group this process joined (a no-op where none was
-    joined). A gloo group left for the interpreter's exit can abort the process with "terminate called without an
-    active exception" (its worker threads outlive the interpreter: pytorch/pytorch#190489), failing a finished run."""
+def leave_process_group(wait: bool = True) -> None:
+    """Destroy the process group this process joined (a no-op where none was joined), once every rank is done with
+    it when ``wait``. A gloo group left for the interpreter's exit can abort the process with "terminate called
+    without an active exception" (its worker threads outlive the interpreter: pytorch/pytorch#190489), failing a
+    finished run. At exit ``wait=False``: a rank that failed must not wait for ranks that will never arrive."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-
-
-def _destroy_process_group() -> None:
-    # At exit, no barrier: a rank that failed must not wait there for ranks that will never arrive.
-    if torch.distributed.is_initialized():
+        if wait:
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
@@ -75,7 +71,7 @@ class DataParallel:
         if joined_here:
             # Whoever opens the group closes it: a script of the user's own that trains under `accelerate launch`
             # and never calls leave_process_group() would otherwise leave it to the interpreter's exit (above).
-            atexit.register(_destroy_process_group)
+            atexit.register(leave_process_group, wait=False)
         return cls(state.num_processes, state.process_index, state.local_process_index)
 
     @property
