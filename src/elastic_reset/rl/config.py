@@ -3,7 +3,7 @@
 pydantic validates everything before any work: an unknown key, a wrong type or an impossible value raises
 :class:`ConfigError` naming the dotted key (``algo.lr``), so a typo never silently falls back to a default. The
 field types carry the rules about one field (``Literal`` choices, ``PositiveFloat``, ranges); :func:`_check_rules`
-holds the few that relate several fields.
+holds the few that relate several fields. The YAML is read by :mod:`elastic_reset.rl.config_yaml`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import dataclasses
 import functools
 import importlib.util
 import math
-import re
-import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from pydantic import (
 
 # ConfigError lives with the other errors the CLI reports in one line; modules still import it from here.
 from elastic_reset.errors import ConfigError
+from elastic_reset.rl.config_yaml import Refused, dotted, load_saved, parse_value, read_yaml_mapping, short
 from elastic_reset.rl.methods import METHOD_CLASSES, METHODS, KLPenaltyConfig, MethodConfig, method_keys
 from elastic_reset.rl.sections import Section
 
@@ -163,7 +162,7 @@ class SamplingConfig(Section):
         # config (pydantic reports a ValueError raised here with its message).
         def need(ok: bool, name: str, msg: str) -> None:
             if not ok:
-                raise ConfigError(f"sampling.{name}: {msg}, got {_short(getattr(self, name))}")
+                raise ConfigError(f"sampling.{name}: {msg}, got {short(getattr(self, name))}")
 
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
             value = getattr(self, name)
@@ -522,7 +521,7 @@ def _check_rules(config: TrainConfig) -> None:
     need(clip is None or (len(clip) == 2 and clip[0] < clip[1]), "algo.reward_clip_range",
          f"expected [low, high] with low < high, got {clip}")
     need(a.lr_scheduler != "constant" or not a.lr_scheduler_kwargs, "algo.lr_scheduler_kwargs",
-         f"the constant schedule has no settings, got {_short(a.lr_scheduler_kwargs)}")
+         f"the constant schedule has no settings, got {short(a.lr_scheduler_kwargs)}")
     need(a.lr_scheduler != "constant" or a.warmup_steps == 0, "algo.warmup_steps",
          f"the constant schedule has no warmup (lr_scheduler: constant_with_warmup has), got {a.warmup_steps}")
     batch = a.prompts_per_step * a.samples_per_prompt
@@ -550,7 +549,7 @@ def _check_rules(config: TrainConfig) -> None:
              f"{rehearsal.clusters} clusters x {rehearsal.top_k} exceed the {rehearsal.prompts} candidates "
              "(rehearsal.prompts)")
     need("none" not in config.report_to or len(set(config.report_to)) == 1, "report_to",
-         f"'none' cannot be combined with trackers, got {_short(config.report_to)}")
+         f"'none' cannot be combined with trackers, got {short(config.report_to)}")
     for name in config.trackers():
         modules = TRACKER_PACKAGES.get(name, ())
         key = "report_to" if name in config.report_to else "tensorboard"
@@ -624,12 +623,12 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 
 def _describe(error: Any) -> str:
     """One pydantic error as ``dotted.key: expected ..., got ...``."""
-    loc, kind, got = error["loc"], error["type"], _short(error["input"])
+    loc, kind, got = error["loc"], error["type"], short(error["input"])
     if kind in ("union_tag_invalid", "union_tag_not_found"):  # the method section's `name` chooses its class
         tag = error.get("ctx", {}).get("tag")
-        return f"{_dotted(loc)}.name: expected one of {', '.join(map(repr, METHODS))}" + (
-            f", got {_short(tag)}" if tag is not None else "")
-    key = _dotted([p for i, p in enumerate(loc) if not _is_method_tag(loc, i)]) or "the config"
+        return f"{dotted(loc)}.name: expected one of {', '.join(map(repr, METHODS))}" + (
+            f", got {short(tag)}" if tag is not None else "")
+    key = dotted([p for i, p in enumerate(loc) if not _is_method_tag(loc, i)]) or "the config"
     if kind == "unexpected_keyword_argument":
         known = ", ".join(sorted(f.name for f in dataclasses.fields(_section(_field_type(loc[:-1])))))
         if _is_method_tag(loc, 1):
@@ -651,25 +650,6 @@ def _describe(error: Any) -> str:
     return f"{key}: {error['msg']}, got {got}"
 
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset, _REPR.maxdict = 3, 6, 6, 6, 4
-_REPR.maxstring = _REPR.maxlong = _REPR.maxother = 60
-_SHORT = 80
-"""Characters of a bad value (or key) an error shows: a huge value must not make a huge (or endless) message."""
-
-
-def _short(value: Any) -> str:
-    """``repr(value)``, cut to a few levels, items and :data:`_SHORT` characters."""
-    text = _REPR.repr(value)
-    return text if len(text) <= _SHORT else text[:_SHORT - 3] + "..."
-
-
-def _dotted(loc: typing.Sequence[str | int | None]) -> str:
-    """``('model', 'lora', 'target_modules', 1)`` → ``model.lora.target_modules[1]`` (None parts skipped)."""
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if p is not None).lstrip(".")
-    return key if len(key) <= _SHORT else key[:_SHORT - 3] + "..."
-
-
 def _is_method_tag(loc: typing.Sequence[Any], i: int) -> bool:
     """Whether ``loc[i]`` is the method name pydantic puts after ``method`` (which of the union's classes)."""
     return i == 1 and loc[0] == "method" and loc[1] in METHOD_CLASSES
@@ -689,105 +669,17 @@ def _section(hint: Any) -> type:
     return next(t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t))
 
 
-_MAX_DEPTH = 32
-"""How deeply a YAML config may nest (the shipped ones: 5 levels); PyYAML's composer recurses once per level."""
-_INT = "tag:yaml.org,2002:int"
-_STR = "tag:yaml.org,2002:str"
-_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
-_OCTAL_0O = re.compile(r"[-+]?0[oO][0-7_]+")
-
-
-class _Refused(Exception):
-    """YAML that parses but that a config refuses; the caller says where it came from (the file or ``--set``)."""
-
-    def __init__(self, line: int, key: typing.Sequence[str | int | None], message: str):
-        self.line, self.key, self.message = line, tuple(key), message
-        super().__init__(f"line {line}: {self.describe()}")
-
-    def describe(self, prefix: typing.Sequence[str | int] = ()) -> str:
-        key = _dotted((*prefix, *self.key))
-        return f"{key}: {self.message}" if key else self.message
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML follows YAML 1.1, which reads ``3e-4`` (no dot) and ``1.0e5`` (no exponent sign) as strings; this
-    loader reads them as floats, as YAML 1.2 does. It refuses, naming the key and line, what would silently load
-    something else than what the file says: anchors and aliases (a 1 KB "billion laughs" file expands to gigabytes),
-    nesting deeper than :data:`_MAX_DEPTH`, a duplicated key (YAML keeps the last), an integer with a leading zero
-    (YAML 1.1 reads ``010`` as 8; ``0o10`` is YAML 1.2's octal, a string in 1.1) and a base-60 one (``1:30`` is 90)."""
-
-    refuse_0o = True
-    """False for a run's saved config.yaml: yaml.safe_dump writes the string "0o10" unquoted."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._path: list[str | int | None] = []  # keys and indices down to the node being composed
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        line = event.start_mark.line + 1
-        # A mapping's value comes with its key node, a sequence item with its index; a key itself with None.
-        self._path.append(index.value if isinstance(index, yaml.ScalarNode) else index)
-        try:
-            if event.anchor is not None:  # an AliasEvent's anchor is the name it refers to
-                sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
-                raise _Refused(line, self._path, f"YAML anchors and aliases ({sign}{event.anchor}) are not allowed "
-                                                 "in a config; write the value out")
-            if len(self._path) > _MAX_DEPTH:
-                raise _Refused(line, self._path[:3], f"nested deeper than {_MAX_DEPTH} levels")
-            node = super().compose_node(parent, index)
-            self._check(node)
-            return node
-        finally:
-            self._path.pop()
-
-    def _check(self, node: Any) -> None:
-        if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], Any] = {}
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    seen = first.setdefault((key.tag, key.value), key)
-                    if seen is not key:
-                        raise _Refused(key.start_mark.line + 1, (*self._path, key.value),
-                                       f"duplicate key (first at line {seen.start_mark.line + 1}); keep one")
-        elif isinstance(node, yaml.ScalarNode):
-            digits = node.value.replace("_", "")
-            if node.tag == _INT and _LEADING_ZERO.fullmatch(node.value):
-                raise _Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} has a leading zero, which YAML reads as octal ({int(digits, 8)}); "
-                               "drop the zero (or quote it for text)")
-            if node.tag == _INT and ":" in node.value:
-                raise _Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} is a base-60 number to YAML 1.1 ({self.construct_yaml_int(node)}); "
-                               "write it in decimal (or quote it for text)")
-            if self.refuse_0o and node.tag == _STR and node.style is None and _OCTAL_0O.fullmatch(node.value):
-                raise _Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} is an octal number ({int(digits, 0)}), which YAML 1.1 reads as text; "
-                               "write it in decimal (or quote it for text)")
-
-
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-                              list("-+.0123456789"))
-
-
-class _SavedLoader(_Loader):
-    """For a run's saved config.yaml, which yaml.safe_dump wrote."""
-
-    refuse_0o = False
-
-
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ConfigError(f"--set {_short(item)}: expected key=value")
+        raise ConfigError(f"--set {short(item)}: expected key=value")
     key, raw = item.split("=", 1)
     path = key.strip().split(".")
     try:
-        value = yaml.load(raw, _Loader) if raw.strip() else None
-    except _Refused as err:
-        raise ConfigError(f"--set {_short(item)}: {err.describe(path)}") from None
+        value = parse_value(raw) if raw.strip() else None
+    except Refused as err:
+        raise ConfigError(f"--set {short(item)}: {err.describe(path)}") from None
     except yaml.YAMLError:
-        raise ConfigError(f"--set {_short(item)}: the value is not valid YAML") from None
+        raise ConfigError(f"--set {short(item)}: the value is not valid YAML") from None
     return path, value
 
 
@@ -800,52 +692,14 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] = ()) -> TrainCo
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {_short(item)}: {part} is not a section")
+                raise ConfigError(f"--set {short(item)}: {part} is not a section")
         node[path[-1]] = value
     return _parse(data)
-
-
-def _read_text(path: Path) -> str:
-    """The file's text; a binary file or a stray non-UTF-8 byte is refused naming the file and line."""
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        bad = err.start
-    else:
-        bad = raw.find(b"\0")  # valid UTF-8, but no text file holds it
-        if bad < 0:
-            return text
-    line = raw.count(b"\n", 0, bad) + 1
-    raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[bad]:02x} at line {line}); save it as UTF-8")
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML file into a validated :class:`TrainConfig`."""
     return config_from_dict(read_yaml_mapping(path), overrides)
-
-
-def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """A YAML file's top-level mapping, read as :class:`_Loader` reads (YAML 1.2 floats, no aliases, no duplicated
-    key); a missing, empty or unreadable file, or one that is not a mapping, is refused naming it."""
-    path = Path(path)
-    if not path.is_file():
-        shipped = Path(__file__).resolve().parents[1] / "configs"
-        hint = (f"; a shipped config of that name is {shipped / path.name}" if (shipped / path.name).is_file()
-                else f"; the shipped configs are in {shipped}")
-        raise ConfigError(f"{path}: config file not found{hint}")
-    try:
-        data = yaml.load(_read_text(path), _Loader)
-    except _Refused as err:
-        raise ConfigError(f"{path}, line {err.line}: {err.describe()}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    if data is None:  # an empty file (or only comments) is more likely a mistake than a wish for all the defaults
-        raise ConfigError(f"{path}: empty config; give at least one setting (e.g. `steps: 50`), or start from a file "
-                          "in configs/")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -868,12 +722,12 @@ def check_same_run(saved_path: str | Path, config: TrainConfig) -> None:
     before a field existed compares equal when the field is at its default."""
     saved_path = Path(saved_path)
     try:
-        data = yaml.load(saved_path.read_text(), _SavedLoader) or {}
+        data = load_saved(saved_path.read_text()) or {}
         saved_steps = data.get("steps") if isinstance(data, dict) else None
         if isinstance(data, dict):  # a tracker of then need not be installed now
             data = {key: value for key, value in data.items() if key not in RESUMABLE_CHANGES}
         saved = config_to_dict(config_from_dict(data))
-    except (ConfigError, _Refused, yaml.YAMLError, UnicodeDecodeError) as err:
+    except (ConfigError, Refused, yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{saved_path}: the saved config no longer loads ({' '.join(str(err).split())})") from None
     resolved = config_to_dict(config)
     for key in sorted(set(saved) | set(resolved)):

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_reset.errors import ConfigError, first_line
-from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, load_config, read_yaml_mapping
+from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, load_config
+from elastic_reset.rl.config_yaml import read_yaml_mapping
 from elastic_reset.tasks.prompts import source_option
 
 DEFAULT_PROJECT = "huggingface"
