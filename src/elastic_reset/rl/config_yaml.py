@@ -79,7 +79,7 @@ class _Loader(yaml.SafeLoader):
             if event.anchor is not None:  # an AliasEvent's anchor is the name it refers to
                 sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
                 raise Refused(line, self._path, f"YAML anchors and aliases ({sign}{event.anchor}) are not allowed "
-                                                 "in a config; write the value out")
+                                                "in a config; write the value out")
             if len(self._path) > _MAX_DEPTH:
                 raise Refused(line, self._path[:3], f"nested deeper than {_MAX_DEPTH} levels")
             node = super().compose_node(parent, index)
@@ -96,21 +96,21 @@ class _Loader(yaml.SafeLoader):
                     seen = first.setdefault((key.tag, key.value), key)
                     if seen is not key:
                         raise Refused(key.start_mark.line + 1, (*self._path, key.value),
-                                       f"duplicate key (first at line {seen.start_mark.line + 1}); keep one")
+                                      f"duplicate key (first at line {seen.start_mark.line + 1}); keep one")
         elif isinstance(node, yaml.ScalarNode):
             digits = node.value.replace("_", "")
             if node.tag == _INT and _LEADING_ZERO.fullmatch(node.value):
                 raise Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} has a leading zero, which YAML reads as octal ({int(digits, 8)}); "
-                               "drop the zero (or quote it for text)")
+                              f"{node.value} has a leading zero, which YAML reads as octal ({int(digits, 8)}); "
+                              "drop the zero (or quote it for text)")
             if node.tag == _INT and ":" in node.value:
                 raise Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} is a base-60 number to YAML 1.1 ({self.construct_yaml_int(node)}); "
-                               "write it in decimal (or quote it for text)")
+                              f"{node.value} is a base-60 number to YAML 1.1 ({self.construct_yaml_int(node)}); "
+                              "write it in decimal (or quote it for text)")
             if self.refuse_0o and node.tag == _STR and node.style is None and _OCTAL_0O.fullmatch(node.value):
                 raise Refused(node.start_mark.line + 1, self._path,
-                               f"{node.value} is an octal number ({int(digits, 0)}), which YAML 1.1 reads as text; "
-                               "write it in decimal (or quote it for text)")
+                              f"{node.value} is an octal number ({int(digits, 0)}), which YAML 1.1 reads as text; "
+                              "write it in decimal (or quote it for text)")
 
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
