@@ -12,6 +12,7 @@ from helpers import REHEARSAL, tiny_config
 from elastic_reset.errors import ConfigError
 from elastic_reset.lm.scoring import forward_response
 from elastic_reset.rl.rehearsal import Rehearsal, select_representatives
+from elastic_reset.rl import trainer as trainer_module
 from elastic_reset.rl.trainer import RLTrainer
 
 
@@ -65,7 +66,7 @@ def test_the_loss_is_gamma_times_the_mean_summed_response_nll():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_other_prompts(tmp_path):
+def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_other_prompts(tmp_path, monkeypatch):
     # 2 iterations of 4 optimizer steps, 4 examples each: 32 = 5 rounds of the 6 examples and 2 more.
     run = ("method.name=selective_rehearsal", *REHEARSAL, "rehearsal.batch=4", "checkpoint_every=1")
     config = tiny_config(*run, "steps=2")
@@ -82,15 +83,11 @@ def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_othe
     assert all("rehearsal/nll" in r for r in records if "policy_loss" in r)
 
     # Resumed, the run reads its set back instead of sampling a new one, and continues its rehearsal order.
-    def no_sampling(self, c):
+    def no_sampling(*args):
         raise AssertionError("a resumed run selected its rehearsal set again")
 
-    original = RLTrainer._select_rehearsal
-    RLTrainer._select_rehearsal = no_sampling
-    try:
-        resumed = RLTrainer(tiny_config(*run, "steps=3"), tmp_path / "run", resume=True)
-    finally:
-        RLTrainer._select_rehearsal = original
+    monkeypatch.setattr(trainer_module, "choose_examples", no_sampling)
+    resumed = RLTrainer(tiny_config(*run, "steps=3"), tmp_path / "run", resume=True)
     assert resumed.rehearsal.examples == examples
     assert resumed.rehearsal.position == trainer.rehearsal.position == 2
     resumed.close()

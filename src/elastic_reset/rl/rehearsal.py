@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elastic_reset.errors import ConfigError, RunFileError
+from elastic_reset.errors import ConfigError, RewardError, RunFileError
 from elastic_reset.io import atomic_write_text
 from elastic_reset.lm.pooling import mean_pool
 from elastic_reset.lm.rollout import Rollout
@@ -74,6 +74,37 @@ def embed(texts: list[str], path: str | Path, batch_size: int = 64) -> np.ndarra
             pooled = mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
             out.append(torch.nn.functional.normalize(pooled, dim=-1))
     return torch.cat(out).numpy()
+
+
+def choose_examples(policy, reward, train_prompts: Sequence[str], settings, seed: int) -> list[dict]:
+    """D_R from the initial policy: it answers ``settings.prompts`` training prompts (drawn with ``seed``) on its own
+    random stream, so that the RL samples stay those of the same run without rehearsal; the answers with a valid
+    ``reward`` are embedded and the best ``settings.top_k`` of each of ``settings.clusters`` k-means clusters kept.
+    ``policy`` is the trainer's :class:`~elastic_reset.rl.policy.Policy`, ``reward`` its checked reward."""
+    from elastic_reset.models import minilm_path
+
+    if settings.prompts > len(train_prompts):
+        raise ConfigError(f"rehearsal.prompts: {settings.prompts} exceeds the task's {len(train_prompts)} "
+                          "training prompts")
+    prompts = random.Random(seed).sample(list(train_prompts), settings.prompts)
+    generator = torch.Generator(policy.device).manual_seed(seed + 2_000_029)
+    rows = []
+    for start in range(0, len(prompts), 32):
+        chunk = prompts[start:start + 32]
+        rollout = policy.sample(chunk, generator)
+        completions = policy.decode(rollout.response_ids, rollout.response_mask)
+        scores, keep = reward(chunk, completions, rollout)
+        response_ids = rollout.response_id_lists()
+        for i in keep.nonzero().flatten().tolist():
+            rows.append({"prompt": chunk[i], "response": completions[i],
+                         "query_ids": rollout.query_ids[i][rollout.query_mask[i].bool()].tolist(),
+                         "response_ids": response_ids[i], "score": float(scores[i])})
+    if not rows:
+        raise RewardError("rehearsal: every candidate's reward was invalid; nothing to rehearse")
+    embedder = minilm_path() if settings.embedder == "minilm" else settings.embedder
+    embeddings = embed([r["prompt"] for r in rows], embedder)
+    chosen = select_representatives(embeddings, [r["score"] for r in rows], settings.clusters, settings.top_k, seed)
+    return [{**rows[i], "cluster": cluster} for i, cluster in chosen]
 
 
 class Rehearsal:

@@ -42,7 +42,7 @@ from elastic_reset.rl.policy import (
     trainable_named_parameters,
 )
 from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
-from elastic_reset.rl.rehearsal import Rehearsal, embed, select_representatives
+from elastic_reset.rl.rehearsal import Rehearsal, choose_examples
 from elastic_reset.rl.reward import CheckedReward, add_logged, completion_rows, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
@@ -273,35 +273,9 @@ class RLTrainer:
         if self.dp.enabled or self.model.config.is_encoder_decoder:
             raise ConfigError("rehearsal: Selective Rehearsal runs in one process, on a decoder-only policy")
         path = self.out_dir / REHEARSAL_FILE
-        examples = Rehearsal.read(path) if path.is_file() else self._select_rehearsal(c)
+        examples = (Rehearsal.read(path) if path.is_file() else
+                    choose_examples(self.policy, self.reward, self.task.train_prompts, c, self.config.seed))
         return Rehearsal(examples, c.coef, c.batch, seed=self.config.seed)
-
-    def _select_rehearsal(self, c) -> list[dict[str, Any]]:
-        from elastic_reset.models import minilm_path
-
-        if c.prompts > len(self.task.train_prompts):
-            raise ConfigError(f"rehearsal.prompts: {c.prompts} exceeds the task's {len(self.task.train_prompts)} "
-                              "training prompts")
-        prompts = random.Random(self.config.seed).sample(self.task.train_prompts, c.prompts)
-        # Its own random stream: the RL samples stay those of the same run without rehearsal.
-        generator = torch.Generator(self.device).manual_seed(self.config.seed + 2_000_029)
-        rows = []
-        for start in range(0, len(prompts), 32):
-            chunk = prompts[start:start + 32]
-            rollout = self.policy.sample(chunk, generator)
-            completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
-            scores, keep = self.reward(chunk, completions, rollout)
-            response_ids = rollout.response_id_lists()
-            for i in keep.nonzero().flatten().tolist():
-                rows.append({"prompt": chunk[i], "response": completions[i],
-                             "query_ids": rollout.query_ids[i][rollout.query_mask[i].bool()].tolist(),
-                             "response_ids": response_ids[i], "score": float(scores[i])})
-        if not rows:
-            raise RewardError("rehearsal: every candidate's reward was invalid; nothing to rehearse")
-        embeddings = embed([r["prompt"] for r in rows], minilm_path() if c.embedder == "minilm" else c.embedder)
-        chosen = select_representatives(embeddings, [r["score"] for r in rows], c.clusters, c.top_k,
-                                        self.config.seed)
-        return [{**rows[i], "cluster": cluster} for i, cluster in chosen]
 
     # ------------------------------------------------------------------------------------- the KL reference
     def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
