@@ -11,8 +11,8 @@ from helpers import REHEARSAL, tiny_config
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.lm.scoring import forward_response
-from elastic_reset.rl.rehearsal import Rehearsal, select_representatives
 from elastic_reset.rl import trainer as trainer_module
+from elastic_reset.rl.rehearsal import Rehearsal, select_representatives
 from elastic_reset.rl.trainer import RLTrainer
 
 

@@ -24,6 +24,7 @@ from transformers import get_scheduler
 from elastic_reset.errors import ConfigError, ElasticResetError, NonFiniteError, RewardError, first_line
 from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, use_fp32_attention
 from elastic_reset.lm.device import autocast_dtype, resolve_device
+from elastic_reset.lm.rollout import Rollout
 from elastic_reset.lm.scoring import ResponseOutput, contiguous_head_input
 from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
@@ -46,7 +47,6 @@ from elastic_reset.rl.rehearsal import Rehearsal, choose_examples
 from elastic_reset.rl.reward import CheckedReward, add_logged, completion_rows, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
-from elastic_reset.lm.rollout import Rollout
 from elastic_reset.tasks import Task, get_task
 
 
