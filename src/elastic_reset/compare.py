@@ -48,9 +48,9 @@ from typing import Any, Callable
 
 import torch
 
+from elastic_reset.errors import GridError
 from elastic_reset.evaluation.figures import report
 from elastic_reset.evaluation.runs import LABEL_FILE, drift_metric, group_runs, load_run, score_label
-from elastic_reset.errors import GridError
 from elastic_reset.evaluation.summary import to_jsonable
 from elastic_reset.io import DirectoryLock, atomic_write_text
 from elastic_reset.lm.device import resolve_device

@@ -17,9 +17,9 @@ from torch import nn
 
 from elastic_reset.errors import ConfigError, first_line
 from elastic_reset.lm.activation_checkpointing import enable_activation_checkpointing, recomputing
+from elastic_reset.lm.rollout import Rollout
 from elastic_reset.lm.scoring import ResponseOutput, device_of, forward_response, token_nll
 from elastic_reset.rl.config import ModelConfig, SamplingConfig
-from elastic_reset.lm.rollout import Rollout
 from elastic_reset.rl.sampling import sample
 
 

@@ -18,11 +18,10 @@ import torch
 
 from elastic_reset.errors import ConfigError, RunFileError, RunRecoveryWarning
 from elastic_reset.evaluation.runs import TASK_FILE
-from elastic_reset.lm.device import describe_machine
 from elastic_reset.io import POINTER, DirectoryLock, MetricsLog, atomic_write_text, remove_stale_temps
+from elastic_reset.lm.device import describe_machine
 from elastic_reset.rl.checkpoint import checkpoint_dir, list_checkpoints, load_latest
 from elastic_reset.rl.config import TrainConfig, check_same_run, config_to_yaml
-
 
 MACHINES_FILE = "machines.jsonl"
 """One line per start of the run: where it trained, from which step."""

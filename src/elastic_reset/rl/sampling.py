@@ -35,7 +35,6 @@ import torch
 
 from elastic_reset.lm.cpu_bf16 import packed_linears, precast_weights
 from elastic_reset.lm.rollout import Rollout
-from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper, static_weights
 from elastic_reset.lm.scoring import (
     NEG_INF,
     accepts_logits_to_keep,
@@ -45,6 +44,7 @@ from elastic_reset.lm.scoring import (
     is_encoder_decoder,
     position_ids_from_mask,
 )
+from elastic_reset.lm.static_decoding import StaticDecoderStepper, StaticSeq2SeqStepper, static_weights
 from elastic_reset.rl.config import SamplingConfig
 
 __all__ = ["Rollout", "SamplingConfig", "min_p_filter", "penalize_repetition", "sample", "sample_from_logits",
