@@ -19,6 +19,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,11 @@ from elastic_reset.io import atomic_write_text
 from elastic_reset.lm.pooling import mean_pool
 from elastic_reset.lm.rollout import Rollout
 from elastic_reset.lm.scoring import pad_rows
+
+if TYPE_CHECKING:
+    from elastic_reset.rl.config import RehearsalConfig
+    from elastic_reset.rl.policy import Policy
+    from elastic_reset.rl.reward import CheckedReward
 
 FILE = "rehearsal.jsonl"
 """The rehearsal set in a run directory."""
@@ -76,11 +82,11 @@ def embed(texts: list[str], path: str | Path, batch_size: int = 64) -> np.ndarra
     return torch.cat(out).numpy()
 
 
-def choose_examples(policy, reward, train_prompts: Sequence[str], settings, seed: int) -> list[dict]:
+def choose_examples(policy: Policy, reward: CheckedReward, train_prompts: Sequence[str], settings: RehearsalConfig,
+                    seed: int) -> list[dict]:
     """D_R from the initial policy: it answers ``settings.prompts`` training prompts (drawn with ``seed``) on its own
     random stream, so that the RL samples stay those of the same run without rehearsal; the answers with a valid
-    ``reward`` are embedded and the best ``settings.top_k`` of each of ``settings.clusters`` k-means clusters kept.
-    ``policy`` is the trainer's :class:`~elastic_reset.rl.policy.Policy`, ``reward`` its checked reward."""
+    ``reward`` are embedded and the best ``settings.top_k`` of each of ``settings.clusters`` k-means clusters kept."""
     from elastic_reset.models import minilm_path
 
     if settings.prompts > len(train_prompts):
