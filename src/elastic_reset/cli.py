@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="list every run-config setting with its type, default and meaning")
     config.add_argument("prefix", nargs="?", default=None, help="only the settings starting with this (e.g. algo)")
     config.set_defaults(func=_config)
-    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA): about 1.5 min "
+    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA): 1.5-2.5 min "
                           "on an AVX-512 BF16 CPU, 10 min on an AVX2-only one")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")
     demo.add_argument("--steps", type=_positive_int, default=None, help="training iterations per run (also scales "
