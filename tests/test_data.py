@@ -99,6 +99,14 @@ def test_the_classifier_and_the_policy_read_their_own_parts(tmp_path):
     used = [t.split(" ")[2] for t in task.eval_prompts + task.reference_texts + task.test_prompts]
     assert len(task.test_prompts) == 60 and len(set(used)) == len(used) == 260  # three disjoint parts
     assert not set(used) & {t.split(" ")[2] for t in imdb.policy_texts(more)[1]}
+    # A report set comes after the others, so adding it moves none of theirs.
+    with_report = imdb.task_splits(more, n_eval=100, n_reference=100, n_test=60, n_report=40)
+    assert (with_report.eval_prompts, with_report.reference_texts, with_report.test_prompts) == \
+        (task.eval_prompts, task.reference_texts, task.test_prompts)
+    used = [t.split(" ")[2] for t in with_report.eval_prompts + with_report.reference_texts
+            + with_report.test_prompts + with_report.report_prompts + with_report.report_texts]
+    assert len(with_report.report_prompts) == len(with_report.report_texts) == 40 and len(set(used)) == 340
+    assert not set(used) & {t.split(" ")[2] for t in imdb.policy_texts(more)[1]}
 
 
 def test_a_bad_imdb_file_is_named_with_its_line(tmp_path):

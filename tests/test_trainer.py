@@ -497,11 +497,32 @@ def test_win_rate_against_the_initial_policy_and_further_prompt_sets(tmp_path):
         RLTrainer(tiny_config(*sets, "steps=6"), tmp_path, task=task, resume=True)
 
 
+def test_an_eval_set_with_its_own_texts_reports_its_own_perplexity(tmp_path):
+    # Set A (eval) selects, set B (eval_report) reports: B's perplexity is on B's texts, not on A's.
+    base = get_task("letter_frequency")
+    other = [t[::-1] for t in base.reference_texts]
+    task = _task(lambda p, c: [0.5] * len(c), eval_sets={"report": base.eval_prompts[1:]},
+                 eval_set_texts={"report": other})
+    trainer = RLTrainer(tiny_config("eval.num_texts=3"), tmp_path, task=task)
+    record = trainer.evaluate()
+    trainer.close()
+    assert {"eval_report/reward", "eval_report/perplexity", "eval/perplexity"} <= set(record)
+    assert record["eval_report/perplexity"] != record["eval/perplexity"]
+    mirror = _task(lambda p, c: [0.5] * len(c), eval_sets={"report": base.eval_prompts[1:]},
+                   eval_set_texts={"report": base.reference_texts})
+    trainer = RLTrainer(tiny_config("eval.num_texts=3"), tmp_path / "b", task=mirror)
+    again = trainer.evaluate()
+    trainer.close()
+    assert again["eval_report/perplexity"] == again["eval/perplexity"]
+
+
 def test_a_task_refuses_an_empty_or_misnamed_prompt_set():
     with pytest.raises(DataFileError, match=r"eval_sets\['forget'\] is empty"):
         _task(lambda p, c: [0.0] * len(c), eval_sets={"forget": []})
     with pytest.raises(DataFileError, match="not an identifier"):
         _task(lambda p, c: [0.0] * len(c), eval_sets={"for get": ["p"]})
+    with pytest.raises(DataFileError, match=r"eval_set_texts\['b'\] names no eval set"):
+        _task(lambda p, c: [0.0] * len(c), eval_sets={"a": ["p"]}, eval_set_texts={"b": ["t"]})
 
 
 # ----------------------------------------------------------------------------------------------- resume

@@ -142,15 +142,21 @@ class TaskSplits:
     """Whole train reviews, for the multitask / S2P loss."""
     test_prompts: list[str] = field(default_factory=list)
     """First halves of test reviews (the next ``n_test`` of the test shuffle), scored once on the final weights."""
+    report_prompts: list[str] = field(default_factory=list)
+    """First halves of test reviews (the next ``n_report``), a second validation set: checkpoints chosen on the
+    validation prompts are reported on these."""
+    report_texts: list[str] = field(default_factory=list)
+    """Whole test reviews (the next ``n_report`` after those), the second set's own perplexity drift."""
 
 
 def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: int | None = None, n_eval: int = 5000,
                 n_reference: int = 5000, n_pretrain: int | None = None, max_prompt_words: int | None = None,
-                n_test: int = 0) -> TaskSplits:
+                n_test: int = 0, n_report: int = 0) -> TaskSplits:
     """The IMDB task's prompts and texts: ``n_train`` train prompts (default: all), ``n_eval`` validation prompts,
-    ``n_reference`` reference reviews and ``n_test`` test prompts (disjoint parts of the test split, clear of the
-    policy's held-out reviews), ``n_pretrain`` multitask texts (default: all train reviews). Shuffles are seeded by
-    ``seed`` (the task's, not the run's)."""
+    ``n_reference`` reference reviews, ``n_test`` test prompts and ``n_report`` report prompts and as many report
+    reviews (disjoint parts of the test split in that order, clear of the policy's held-out reviews; a part added
+    later comes after the others, so theirs do not move), ``n_pretrain`` multitask texts (default: all train
+    reviews). Shuffles are seeded by ``seed`` (the task's, not the run's)."""
     if max_prompt_words is not None and (not isinstance(max_prompt_words, int) or max_prompt_words < 1):
         raise ConfigError(f"task.options.max_prompt_words: expected a positive integer, got {max_prompt_words!r}")
     train = shuffled(load_imdb(data_dir, "train"), seed, "imdb-train")
@@ -165,7 +171,13 @@ def task_splits(data_dir: str | os.PathLike | None, *, seed: int = 0, n_train: i
     start = n_eval + n_reference
     n_test = _count("n_test", n_test, max(0, len(test) - POLICY_HELD_OUT - start)) if n_test else 0
     test_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in test[start:start + n_test]) if p]
-    return TaskSplits(train_prompts, eval_prompts, reference_texts, pretrain_texts, test_prompts)
+    start += n_test
+    n_report = _count("n_report", n_report, max(0, len(test) - POLICY_HELD_OUT - start) // 2) if n_report else 0
+    report = test[start:start + n_report]
+    report_prompts = [p for p in (prompt_of(t, max_prompt_words) for t, _ in report) if p]
+    report_texts = [t for t, _ in test[start + n_report:start + 2 * n_report]]
+    return TaskSplits(train_prompts, eval_prompts, reference_texts, pretrain_texts, test_prompts,
+                      report_prompts, report_texts)
 
 
 def _prompts(reviews: list[tuple[str, int]], max_prompt_words: int | None) -> list[str]:

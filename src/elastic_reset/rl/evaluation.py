@@ -119,11 +119,20 @@ class Evaluator:
         for the EMA weights of a method that keeps one (with ``eval.ema`` on)."""
         record = {}
         for prefix, prompts in self.prompt_sets().items():
-            record.update(self.evaluate_prompts(prefix, prompts, against=prefix, perplexity=prefix == "eval"))
+            record.update(self.evaluate_prompts(prefix, prompts, against=prefix,
+                                                perplexity_texts=self.set_texts(prefix)))
         if method.keeps_ema and self.config.eval.ema:
             with method.ema_weights():
                 record.update(self.evaluate_prompts("eval_ema", against="eval"))
         return record
+
+    def set_texts(self, prefix: str) -> list[str]:
+        """The texts ``prefix``'s perplexity is measured on: the reference texts for ``eval``, an eval set's own
+        (``Task.eval_set_texts``) for ``eval_<name>``, none otherwise (perplexity does not depend on the prompts)."""
+        if prefix == "eval":
+            return self.texts
+        texts = self.task.eval_set_texts.get(prefix.removeprefix("eval_"), [])
+        return [] if self.policy.is_encoder_decoder else texts[:self.config.eval.num_texts]
 
     def test_prompts(self) -> list[str]:
         return self.task.test_prompts[:self.config.eval.num_test_prompts]
@@ -146,10 +155,10 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None, against: str | None = None,
-                         perplexity: bool = True) -> dict[str, Any]:
-        """Reward, KL to the initial model, perplexity on the reference texts (unless ``perplexity`` is off: it
-        does not depend on the prompts), the task's metrics and, with a judge, the win rate against the initial
-        policy's completions of the same prompts (the set ``against`` names in :attr:`initial`)."""
+                         perplexity_texts: list[str] | None = None) -> dict[str, Any]:
+        """Reward, KL to the initial model, perplexity on ``perplexity_texts`` (default: the reference texts;
+        ``[]``: none), the task's metrics and, with a judge, the win rate against the initial policy's completions
+        of the same prompts (the set ``against`` names in :attr:`initial`)."""
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
@@ -179,8 +188,9 @@ class Evaluator:
                 self._initial_scores[against] = self.judge(prompts, self.initial[against])[0]
             now, then = self.judge(prompts, completions)[0], self._initial_scores[against]
             record[f"{prefix}/win_rate"] = float(((now > then).float() + 0.5 * (now == then).float()).mean())
-        if self.texts and perplexity:
-            record[f"{prefix}/perplexity"] = text_perplexity(self.policy.model, self.policy.tokenizer, self.texts,
+        perplexity_texts = self.texts if perplexity_texts is None else perplexity_texts
+        if perplexity_texts:
+            record[f"{prefix}/perplexity"] = text_perplexity(self.policy.model, self.policy.tokenizer, perplexity_texts,
                                                         max_tokens=e.max_text_tokens, batch_size=e.batch_size,
                                                         autocast_dtype=self.policy.autocast_dtype)
         if self.task.metrics_fn is not None:

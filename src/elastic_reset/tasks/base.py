@@ -49,6 +49,10 @@ class Task:
     """Further held-out prompt sets, evaluated beside ``eval_prompts`` (their first ``eval.num_prompts`` each) as
     ``eval_<name>/...``: reward, KL to the initial model, the task's metrics and the win rate, without perplexity.
     E.g. ``forget``: prompts unlike the training prompts, where forgetting shows (paper 2 §4.3)."""
+    eval_set_texts: dict[str, list[str]] = field(default_factory=dict)
+    """Held-out human-written text for an eval set's own perplexity (``eval_<name>/perplexity``, on its first
+    ``eval.num_texts``), disjoint from ``reference_texts``: checkpoints selected on ``eval/*`` are then reported on
+    text the selection never saw. Each name must be one of ``eval_sets``."""
     judge_fn: RewardFn | None = None
     """A second scorer, ``(prompts, completions) -> floats``, for ``.../win_rate``: the share of prompts where the
     policy's completion scores higher than the initial policy's (drawn once with the evaluation's noise; ties count
@@ -75,6 +79,12 @@ class Task:
                 raise DataFileError(f"task {self.name!r}: eval_sets name {name!r} is not an identifier")
             if not prompts or not all(isinstance(t, str) and t.strip() for t in prompts):
                 raise DataFileError(f"task {self.name!r}: eval_sets[{name!r}] is empty or holds an empty prompt")
+        for name, texts in self.eval_set_texts.items():
+            if name not in self.eval_sets:
+                raise DataFileError(f"task {self.name!r}: eval_set_texts[{name!r}] names no eval set "
+                                    f"(eval_sets: {sorted(self.eval_sets)})")
+            if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+                raise DataFileError(f"task {self.name!r}: eval_set_texts[{name!r}] is empty or holds an empty text")
 
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}

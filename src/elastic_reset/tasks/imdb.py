@@ -27,17 +27,20 @@ from elastic_reset.tasks.base import Task, register_task
 def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_train: int | None = None,
               n_eval: int = 5000, n_reference: int = 5000, n_pretrain: int | None = None, seed: int = 0,
               max_prompt_words: int | None = None, reward_batch_size: int = 64,
-              reward_max_length: int = 256, n_test: int = 0) -> Task:
+              reward_max_length: int = 256, n_test: int = 0, n_report: int = 0) -> Task:
     """The IMDB task. ``n_train`` train prompts (default: all 25,000 train reviews), ``n_eval`` validation
-    prompts, ``n_reference`` reference reviews and ``n_test`` test prompts, scored once on the final weights
-    (disjoint parts of the test split), ``n_pretrain`` multitask texts (default: all train reviews).
+    prompts, ``n_reference`` reference reviews, ``n_test`` test prompts, scored once on the final weights, and
+    ``n_report`` prompts and reviews of a second validation set, evaluated beside the first as ``eval_report/*``
+    with its own perplexity (select checkpoints on ``eval/*``, report them on ``eval_report/*``; all disjoint parts
+    of the test split), ``n_pretrain`` multitask texts (default: all train reviews).
     ``reward_model``: a classifier folder (default ``models.imdb_classifier_path()``, built by ``elastic-reset
     build imdb-classifier``)."""
     from elastic_reset.models import imdb_classifier
     from elastic_reset.rewards.classifier import SentimentReward
 
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference,
-                       n_pretrain=n_pretrain, max_prompt_words=max_prompt_words, n_test=n_test)
+                       n_pretrain=n_pretrain, max_prompt_words=max_prompt_words, n_test=n_test,
+                       n_report=n_report)
     path = imdb_classifier(reward_model, "task.options.reward_model")
     return Task(
         name="imdb",
@@ -47,4 +50,6 @@ def imdb_task(data_dir: str | None = None, reward_model: str | None = None, n_tr
         reference_texts=data.reference_texts,
         pretrain_texts=data.pretrain_texts,
         test_prompts=data.test_prompts,
+        eval_sets={"report": data.report_prompts} if n_report else {},
+        eval_set_texts={"report": data.report_texts} if n_report else {},
     )

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The fair IMDB study's grid (README.md beside it): 6 arms x 3 seeds of config.yaml, seed by seed, resumable.
+#   bash experiments/imdb_fair/grid.sh            # from the repository root; about 15-17 min a cell on an
+#                                                 # AVX-512 BF16 CPU, one cell at a time
+# Needs the classifier and the policy (elastic-reset build imdb-classifier / imdb-smollm2 --data-dir ../shared/data).
+# Every cell of the verdict comes from one build: the first run records the policy's held-out perplexity and the
+# classifier's final training loss in results/, and a later run on a rebuilt cache that differs stops (same_build).
+# Finished cells' small files go to results/runs/ (committed) and come back into an empty $GRID, so the grid goes
+# on across sessions. SEEDS=1 stops after seed 0; JOBS=N trains N cells at once (a GPU machine: JOBS=6);
+# ARMS="a b" trains only those arms; ER and PY name the CLI and Python (default: the .venv's).
+#
+# Arms (the verdict's labels say what runs: RLOO with a KL penalty in the reward, not PPO):
+#  rloo_kl_0.003, rloo_kl_0.01, rloo_kl_0.03   RLOO + KL to the initial model, beta fixed (kl.target null): the
+#                                              tuned baseline, three settings
+#  elastic_reset     the paper's settings as its authors' IMDB code ran them and the first grid did: decay 0.995,
+#                    EMA once an iteration, reset every 17 iterations, KL beta 0.001 (adaptive, target 1.0) to the
+#                    EMA. At a reset the EMA holds 0.995^17 = 92 % of the initial weights.
+#  er_decay_0.90     the same with decay 0.90: 0.9^17 = 17 % of the initial weights at a reset, an EMA that
+#                    carries the policy (does the EMA matter?)
+#  reset_to_init     the same KL, reset every 17 iterations to the initial weights
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HERE=experiments/imdb_fair
+GRID=${GRID:-runs/imdb_fair}
+RESULTS=$HERE/results
+SEEDS=${SEEDS:-3}
+ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
+source benchmarks/grid_cells.sh
+CACHE=$($PY -c 'from elastic_reset.models import cache_dir; print(cache_dir())')
+same_build "$CACHE/imdb-smollm2/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
+same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$RESULTS/classifier.json" final_train_loss
+restore_cells "$RESULTS" "$GRID"
+ARMS=${ARMS:-rloo_kl_0.003 rloo_kl_0.01 rloo_kl_0.03 elastic_reset er_decay_0.90 reset_to_init}
+declare -A METHOD=([rloo_kl_0.003]=kl [rloo_kl_0.01]=kl [rloo_kl_0.03]=kl [elastic_reset]=elastic_reset
+                   [er_decay_0.90]=elastic_reset [reset_to_init]=reset_to_init)
+declare -A SETS=(
+  [rloo_kl_0.003]="kl.coef=0.003 kl.target=null"
+  [rloo_kl_0.01]="kl.coef=0.01 kl.target=null"
+  [rloo_kl_0.03]="kl.coef=0.03 kl.target=null"
+  [elastic_reset]="kl.coef=0.001 kl.target=1.0 kl.reference=ema method.decay=0.995 method.reset_every=17 method.ema_update=iteration"
+  [er_decay_0.90]="kl.coef=0.001 kl.target=1.0 kl.reference=ema method.decay=0.90 method.reset_every=17 method.ema_update=iteration"
+  [reset_to_init]="kl.coef=0.001 kl.target=1.0 method.reset_every=17"
+)
+methods=() sets=()
+for arm in $ARMS; do
+  methods+=("$arm=${METHOD[$arm]}")
+  for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
+done
+for n in $(seq 1 "$SEEDS"); do  # seed by seed: a grid stopped part-way has every arm at equal seeds
+  $ER compare $HERE/config.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
+    --methods "$(IFS=,; echo "${methods[*]}")" "${sets[@]}" --set progress=false
+  collect_cells "$GRID" "$RESULTS"
+done
+$PY $HERE/verdict.py "$RESULTS"
