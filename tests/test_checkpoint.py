@@ -115,7 +115,8 @@ def same(a, b) -> bool:
     return a == b
 
 
-METHODS = ["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask", "frozen"]
+METHODS = ["none", "kl", "elastic_reset", "reset_to_init", "reset_to_ema", "ema_only", "nlpo", "multitask", "frozen",
+           "gradient_reg"]
 VARIANTS = {f"method={m}": [f"method.name={m}"] for m in METHODS} | {
     "rloo": ["algo.name=rloo"],
     "cosine-schedule+warmup": ["algo.lr_scheduler=cosine", "algo.warmup_steps=1"],

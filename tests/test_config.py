@@ -447,8 +447,8 @@ def test_another_methods_setting_is_still_checked_by_its_rules():
 def test_a_setting_no_method_has_is_refused_naming_what_the_method_knows():
     assert refused("method.name=nlpo", "method.nlpo_topp=0.5") == (
         "method.nlpo_topp: unknown key (method 'nlpo' knows: name, nlpo_min_tokens, nlpo_top_p, nlpo_update_every; "
-        "other methods': alpha, cooldown, decay, ema_device, ema_update, eta, every, kl_budget, multitask_batch, "
-        "multitask_coef, plateau, preset, reset_every, reset_optimizer)")
+        "other methods': alpha, cooldown, decay, ema_device, ema_update, eps, eta, every, g1_clip, g2_clip, "
+        "kl_budget, multitask_batch, multitask_coef, plateau, preset, reset_every, reset_optimizer, strength)")
 
 
 def test_an_unknown_method_name_lists_the_methods():

@@ -50,8 +50,7 @@ def test_the_loss_is_gamma_times_the_mean_summed_response_nll():
                 {"prompt": "c", "response": "d", "query_ids": [10], "response_ids": [11, 12, 13], "score": 0.5,
                  "cluster": 1}]
     rehearsal = Rehearsal(examples, coef=0.01, batch=2)
-    loss, stats = rehearsal.loss(lambda batch: forward_response(model, batch).logprobs, pad_token_id=0,
-                                 device=torch.device("cpu"))
+    loss, stats = rehearsal.loss(lambda batch: forward_response(model, batch).logprobs, rehearsal.next_batch(0))
 
     def summed_nll(query, response):  # by hand: one unpadded sequence, log-softmax of the next-token logits
         ids = torch.tensor([query + response])
@@ -96,9 +95,9 @@ def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_othe
 def rehearsal_nll(trainer, examples) -> float:
     """Per-token NLL of every rehearsal example under the trainer's policy now."""
     with torch.no_grad():
-        _, stats = Rehearsal(examples, coef=1.0, batch=len(examples)).loss(
-            lambda batch: trainer.policy.score(batch, masked=False).logprobs, trainer.tokenizer.pad_token_id,
-            trainer.device)
+        rehearsal = Rehearsal(examples, coef=1.0, batch=len(examples))
+        _, stats = rehearsal.loss(lambda batch: trainer.policy.score(batch, masked=False).logprobs,
+                                  rehearsal.next_batch(trainer.tokenizer.pad_token_id).to(trainer.device))
     return stats["rehearsal/nll"]
 
 

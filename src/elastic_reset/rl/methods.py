@@ -1,7 +1,8 @@
 """Drift-control methods as small pieces that hook into one training loop.
 
 The loop calls, in order: ``setup`` once; per iteration ``sampling_mask`` (NLPO) before the rollout;
-``extra_loss`` inside each optimizer step (multitask); ``on_optimizer_step`` after each optimizer step;
+``extra_loss`` inside each optimizer step (multitask); ``on_gradients`` once the step's gradients are in ``.grad``
+and before clipping and the optimizer step (gradient regularisation); ``on_optimizer_step`` after each optimizer step;
 ``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A method
 sees the trainer only through :class:`PolicyHandle` (the policy, its optimizer, the task's pretraining text and an
 NLL function), given at ``setup``, and the trainer sees a method only through these hooks and its capability flags
@@ -81,6 +82,13 @@ class DriftMethod:
 
     def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]] | None:
         return None
+
+    def on_gradients(self, params: list[torch.nn.Parameter], recompute: Callable[[], None]) -> dict[str, float]:
+        """Called with the step's gradients in ``params``' ``.grad`` (averaged over ranks), before clipping and the
+        optimizer step; may rewrite them. ``recompute()`` runs the step's loss again at the parameters' current
+        values on the same samples (the extra loss drawn again) and leaves its gradients in ``.grad``. Returns
+        entries for the step's statistics."""
+        return {}
 
     def on_optimizer_step(self) -> None:
         pass
@@ -390,8 +398,77 @@ class Frozen(DriftMethod):
     updates_policy = False
 
 
+@dataclass
+class GradientRegularizationConfig(Section):
+    name: Literal["gradient_reg"] = "gradient_reg"
+    """Gradient regularisation (Ackermann, Noukhovitch, Ishida, Sugiyama 2026, arXiv 2602.18037): the loss plus
+    γ/2·‖∇L‖², on top of the ``kl`` section's penalty (``kl.coef: 0``: GR alone, as that paper's runs)."""
+    strength: NonNegativeFloat = 1e-2
+    """γ, the penalty's weight (the paper's RLHF script: 1e-2; 0 is the plain update, bit for bit)."""
+    eps: PositiveFloat = 1e-3
+    """ε, the finite-difference step along the gradient (their default 1e-3)."""
+    g1_clip: PositiveFloat = 10.0
+    """The gradient at θ is clipped to this norm before the perturbation and the combination (theirs: 10)."""
+    g2_clip: PositiveFloat = 10.0
+    """The gradient at the perturbed weights likewise (theirs: 10)."""
+
+
+class GradientRegularization(KLPenalty):
+    """Gradient regularisation with a forward finite difference (Ackermann et al. 2026, after Karakida et al. 2023).
+
+    The objective is L(θ) + γ/2·‖∇L(θ)‖², whose gradient g + γ·H·g (H the Hessian of L, g = ∇L) is estimated
+    without a Hessian: g₁ = ∇L(θ), g₂ = ∇L(θ + ε·g₁) on the *same* sampled actions and advantages (the rollout is
+    not drawn again), then g₁ + (γ/ε)·(g₂ − g₁). One more forward and backward per optimizer step. As the authors'
+    TRL code: both gradients are clipped (``g1_clip``, ``g2_clip``), the perturbation is done in fp32, and the
+    input and output embeddings are left out of the penalty (they keep g₁; the authors' code leaves them g₂); a
+    value head keeps g₁ too (the penalty is on the policy). With LoRA only the adapters are trained, so only they
+    are perturbed. The KL penalty, if any, is in the reward as for ``kl``.
+    """
+
+    Config = GradientRegularizationConfig
+
+    def setup(self, policy: PolicyHandle) -> None:
+        model = policy.model
+        left_out = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                    if m is not None and isinstance(getattr(m, "weight", None), torch.nn.Parameter)}
+        self.penalised = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in left_out}
+
+    def on_gradients(self, params: list[torch.nn.Parameter], recompute: Callable[[], None]) -> dict[str, float]:
+        c = self.config
+        if c.strength == 0:
+            return {}
+        params = [p for p in params if p.grad is not None]
+        g1 = [p.grad.detach().clone() for p in params]
+        g1_norm = _clip_(g1, c.g1_clip)
+        moved = [(p, g) for p, g in zip(params, g1) if id(p) in self.penalised]
+        theta = [p.detach().clone() for p, _ in moved]
+        with torch.no_grad():
+            torch._foreach_add_([p for p, _ in moved], [g.to(p.dtype) for p, g in moved], alpha=c.eps)
+        try:
+            recompute()
+            g2 = [torch.zeros_like(g) if p.grad is None else p.grad.detach().clone() for p, g in zip(params, g1)]
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_([p for p, _ in moved], theta)
+        g2_norm = _clip_(g2, c.g2_clip)
+        for p, a, b in zip(params, g1, g2):
+            if id(p) in self.penalised:
+                a.add_(b - a, alpha=c.strength / c.eps)
+            p.grad = a
+        return {"grad_reg/g1_norm": g1_norm, "grad_reg/g2_norm": g2_norm}
+
+
+def _clip_(grads: list[torch.Tensor], max_norm: float) -> float:
+    """Scale ``grads`` in place to a total norm of at most ``max_norm``; returns the norm before."""
+    norm = torch.nn.utils.get_total_norm(grads)
+    scale = max_norm / (float(norm) + 1e-6)
+    if scale < 1:
+        torch._foreach_mul_(grads, scale)
+    return float(norm)
+
+
 _CLASSES: list[type[DriftMethod]] = [NoControl, KLPenalty, EMAReset, AnchorMethod, NLPO, Multitask,
-                                      SelectiveRehearsal, Frozen]
+                                      SelectiveRehearsal, Frozen, GradientRegularization]
 """Every method; a new one is one more entry."""
 
 METHOD_CLASSES: dict[str, type[DriftMethod]] = {

@@ -138,11 +138,10 @@ class Rehearsal:
         return Rollout(query_ids=query_ids, query_mask=query_mask, response_ids=response_ids,
                        response_mask=response_mask.float(), logprobs=torch.zeros(response_ids.shape))
 
-    def loss(self, score: Callable[[Rollout], torch.Tensor], pad_token_id: int, device: torch.device
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """γ × the summed response NLL, averaged over the next batch; ``score`` gives per-token log-probs with
-        grad (the trainer's policy). Logged: the NLL per token, the paper's scale-free view of it."""
-        batch = self.next_batch(pad_token_id).to(device)
+    def loss(self, score: Callable[[Rollout], torch.Tensor], batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """γ × the summed response NLL, averaged over ``batch`` (:meth:`next_batch`, on the policy's device);
+        ``score`` gives per-token log-probs with grad (the trainer's policy). Logged: the NLL per token, the paper's
+        scale-free view of it."""
         logprobs = score(batch)
         nll = -(logprobs * batch.response_mask).sum(-1)
         per_token = float(nll.detach().sum() / batch.response_mask.sum().clamp(min=1))

@@ -466,31 +466,51 @@ class RLTrainer:
         """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run;
         ``step_tokens``: the reduction's divisor (``loss_aggregation: batch_token``)."""
         c = self.config.algo
+        drawn = None if self.rehearsal is None else self.rehearsal.next_batch(self.tokenizer.pad_token_id)
+        rehearsal_batch = None if drawn is None else drawn.to(self.device)
+
+        def step_loss(out: ResponseOutput) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
+            """The minibatch's loss from the forward ``out``: policy loss, entropy bonus, the method's extra loss,
+            rehearsal (paper 2, eq. 9) on this step's rehearsal batch; its statistics; the tokens the policy loss
+            acts on (None: all)."""
+            high, batch = None, mb
+            if c.top_entropy_quantile < 1:  # the other tokens' policy terms are 0 (the reduction still counts them)
+                high = ops.high_entropy_mask(out.entropy, mb.mask, c.top_entropy_quantile, self.dp.cat)
+                batch = replace(mb, advantages=torch.where(high, mb.advantages, 0.0))
+            loss, stats = self.estimator.loss(out, batch, step_tokens)
+            entropy = ops.masked_mean(out.entropy, mb.mask)
+            stats["entropy"] = float(entropy.detach())
+            coef = c.entropy_coef if self.entropy_ctl is None else self.entropy_ctl.applied
+            if coef:  # the bonus over the tokens the policy loss acts on, as TRL's
+                loss = loss - coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
+            extra = self.method.extra_loss()
+            if extra is not None:
+                loss = loss + extra[0]
+                stats.update(extra[1])
+            if rehearsal_batch is not None:
+                term, rehearsal_stats = self.rehearsal.loss(
+                    lambda b: self.policy.score(b, masked=False).logprobs, rehearsal_batch)
+                loss = loss + term
+                stats.update(rehearsal_stats)
+            return loss, stats, high
+
         out = self._policy_forward(rollout) if out is None else out
-        high = None
-        if c.top_entropy_quantile < 1:  # the other tokens' policy terms are 0 (the reduction still counts them)
-            high = ops.high_entropy_mask(out.entropy, mb.mask, c.top_entropy_quantile, self.dp.cat)
-            mb = replace(mb, advantages=torch.where(high, mb.advantages, 0.0))
-        loss, stats = self.estimator.loss(out, mb, step_tokens)
-        entropy = ops.masked_mean(out.entropy, mb.mask)
-        stats["entropy"] = float(entropy.detach())
-        coef = c.entropy_coef if self.entropy_ctl is None else self.entropy_ctl.applied
-        if coef:  # the bonus over the tokens the policy loss acts on, as TRL's
-            loss = loss - coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
-        extra = self.method.extra_loss()
-        if extra is not None:
-            loss = loss + extra[0]
-            stats.update(extra[1])
-        if self.rehearsal is not None:  # Selective Rehearsal (paper 2, eq. 9)
-            term, rehearsal_stats = self.rehearsal.loss(lambda batch: self.policy.score(batch, masked=False).logprobs,
-                                                        self.tokenizer.pad_token_id, self.device)
-            loss = loss + term
-            stats.update(rehearsal_stats)
+        loss, stats, high = step_loss(out)
         self.optimizer.zero_grad(set_to_none=True)
         self._check_finite("loss", loss)
         loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.dp.average_gradients(params)
+
+        def recompute() -> None:
+            """The step's loss again at the policy's current weights, on the same samples: its gradients in .grad."""
+            self.optimizer.zero_grad(set_to_none=True)
+            again = step_loss(self._policy_forward(rollout))[0]
+            self._check_finite("loss", again)
+            again.backward()
+            self.dp.average_gradients(params)
+
+        stats.update(self.method.on_gradients(params, recompute))
         if c.max_grad_norm is not None:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
         else:
