@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The fair IMDB study's grid (README.md beside it): 6 arms x 3 seeds of config.yaml, seed by seed, resumable.
-#   bash experiments/imdb_fair/grid.sh            # from the repository root; about 15-17 min a cell on an
+# The fair IMDB study's grid (README.md beside it): 7 arms x 3 seeds of config.yaml, seed by seed, resumable.
+#   bash experiments/imdb_fair/grid.sh            # from the repository root; about 15-20 min a cell on an
 #                                                 # AVX-512 BF16 CPU, one cell at a time
 # Needs the classifier and the policy (elastic-reset build imdb-classifier / imdb-smollm2 --data-dir ../shared/data).
 # Every cell of the verdict comes from one build: the first run records the policy's held-out perplexity and the
@@ -18,11 +18,15 @@
 #  er_decay_0.90     the same with decay 0.90: 0.9^17 = 17 % of the initial weights at a reset, an EMA that
 #                    carries the policy (does the EMA matter?)
 #  reset_to_init     the same KL, reset every 17 iterations to the initial weights
+#  gr                RLOO + gradient regularisation (method gradient_reg), no KL (as that paper's runs), at the
+#                    strength its own budget picks: candidates gr_0.001 and gr_0.01 (the two its authors' scripts
+#                    use) on seed 0, chosen on set A by verdict.py --choose-gr; the chosen candidate's seed 0 is
+#                    copied as gr's seed 0 and seeds 1-2 run at its strength
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=experiments/imdb_fair
 GRID=${GRID:-runs/imdb_fair}
-RESULTS=$HERE/results
+RESULTS=${RESULTS:-$HERE/results}
 SEEDS=${SEEDS:-3}
 ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
 source benchmarks/grid_cells.sh
@@ -41,14 +45,26 @@ declare -A SETS=(
   [er_decay_0.90]="kl.coef=0.001 kl.target=1.0 kl.reference=ema method.decay=0.90 method.reset_every=17 method.ema_update=iteration"
   [reset_to_init]="kl.coef=0.001 kl.target=1.0 method.reset_every=17"
 )
-methods=() sets=()
-for arm in $ARMS; do
-  methods+=("$arm=${METHOD[$arm]}")
-  for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
-done
-for n in $(seq 1 "$SEEDS"); do  # seed by seed: a grid stopped part-way has every arm at equal seeds
+GR_CANDIDATES=${GR_CANDIDATES-gr_0.001 gr_0.01}
+for c in $GR_CANDIDATES; do METHOD[$c]=gradient_reg; SETS[$c]="kl.coef=0 kl.target=null method.strength=${c#gr_}"; done
+run() {  # compare over seeds 0..$1-1 of the arms named after it
+  local n=$1 methods=() sets=() arm kv
+  shift
+  for arm in "$@"; do
+    methods+=("$arm=${METHOD[$arm]}")
+    for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
+  done
   $ER compare $HERE/config.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
     --methods "$(IFS=,; echo "${methods[*]}")" "${sets[@]}" --set progress=false
   collect_cells "$GRID" "$RESULTS"
-done
+}
+# shellcheck disable=SC2086  # the arm lists are words
+run 1 $ARMS $GR_CANDIDATES
+chosen=$($PY $HERE/verdict.py "$RESULTS" --choose-gr)
+if [ -n "$GR_CANDIDATES" ] && [ -f "$GRID/$chosen/seed0/done" ]; then
+  METHOD[gr]=gradient_reg SETS[gr]=${SETS[$chosen]}
+  if [ ! -e "$GRID/gr/seed0" ]; then mkdir -p "$GRID/gr" && cp -r "$GRID/$chosen/seed0" "$GRID/gr/seed0"; fi
+  ARMS="$ARMS gr"
+fi
+for n in $(seq 2 "$SEEDS"); do run "$n" $ARMS; done  # seed by seed: a grid stopped part-way has equal seeds
 $PY $HERE/verdict.py "$RESULTS"

@@ -53,7 +53,7 @@ ER, ER90, INIT, GR = "elastic_reset", "er_decay_0.90", "reset_to_init", "gr"
 ARMS = (*KL_ARMS, ER, ER90, INIT, GR)
 LABELS = {"rloo_kl_0.003": "RLOO + KL β 0.003 (fixed)", "rloo_kl_0.01": "RLOO + KL β 0.01 (fixed)",
           "rloo_kl_0.03": "RLOO + KL β 0.03 (fixed)", ER: "Elastic Reset (decay 0.995)",
-          ER90: "Elastic Reset (decay 0.90)", INIT: "RESET to init", GR: "gradient regularisation"}
+          ER90: "Elastic Reset (decay 0.90)", INIT: "RESET to init", GR: "RLOO + gradient regularisation (no KL)"}
 
 
 def evaluations(path: Path) -> list[dict]:
