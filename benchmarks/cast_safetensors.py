@@ -3,7 +3,7 @@
     python benchmarks/cast_safetensors.py FILE float16    # to carry MiniLM to a GPU machine in half the bytes
     python benchmarks/cast_safetensors.py FILE float32    # there, back to the dtype transformers loads it in
 
-Used by benchmarks/gpu_imdb_grid.sh.
+Used by experiments/imdb/gpu_grid.sh.
 """
 
 import sys

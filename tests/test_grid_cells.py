@@ -1,4 +1,4 @@
-"""What lets a grid span sessions on new machines (``benchmarks/grid_cells.sh``): a rebuilt artefact that differs
+"""What lets a grid span sessions on new machines (``experiments/grid_cells.sh``): a rebuilt artefact that differs
 from the one the committed cells used is refused, and only finished cells' small files go into results/ and back."""
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "grid_cells.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "grid_cells.sh"
 
 
 def bash(call: str, cwd: Path) -> subprocess.CompletedProcess:

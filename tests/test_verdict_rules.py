@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gold_vs_proxy_report.py"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+SCRIPT = EXPERIMENTS / "gold_vs_proxy" / "report.py"
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,8 @@ def test_a_method_with_one_finished_seed_is_not_judged(report):
     (5, 18.6, 0.2, "the speaker learns"),                         # +1.2 BLEU, over 2 SE (0.57)
 ])
 def test_the_translation_verdict_needs_a_task_gain_over_seeds_first(tmp_path, n, reinforce, se, expected):
-    spec = importlib.util.spec_from_file_location("translation_verdict", SCRIPT.parent / "translation_verdict.py")
+    spec = importlib.util.spec_from_file_location("translation_verdict",
+                                                  EXPERIMENTS / "translation_game" / "verdict.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     methods = {m: {"n_seeds": n, "final_reward": {"mean": value, "se": se}, "final_drift": {"mean": 30.0, "se": se}}

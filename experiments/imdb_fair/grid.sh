@@ -29,7 +29,7 @@ GRID=${GRID:-runs/imdb_fair}
 RESULTS=${RESULTS:-$HERE/results}
 SEEDS=${SEEDS:-3}
 ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
-source benchmarks/grid_cells.sh
+source experiments/grid_cells.sh
 CACHE=$($PY -c 'from elastic_reset.models import cache_dir; print(cache_dir())')
 same_build "$CACHE/imdb-smollm2/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
 same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$RESULTS/classifier.json" final_train_loss

@@ -1,6 +1,6 @@
 """Does Elastic Reset drift less than RLOO + a tuned fixed KL penalty on IMDB at 135M? The fair study's verdict.
 
-    .venv/bin/python experiments/imdb_fair/verdict.py experiments/imdb_fair/results [--first-grid results/imdb_135m]
+    .venv/bin/python experiments/imdb_fair/verdict.py experiments/imdb_fair/results [--first-grid experiments/imdb/results/135m]
 
 Reads every cell ``RESULTS/runs/<arm>/seed<k>/metrics.jsonl`` (grid.sh) and writes ``summary.json``,
 ``verdict.md`` and ``levels.png`` into RESULTS. Arms still missing seeds are reported as pending.

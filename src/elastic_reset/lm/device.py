@@ -69,7 +69,7 @@ def autocast_dtype(setting: str, device: torch.device | str = "cpu") -> torch.dt
 
 
 # What caps the instruction set of torch's own kernels, MKL's and oneDNN's: at AVX2, a CPU with wider vectors runs
-# the kernels an AVX2-only one runs (benchmarks/translation_grid.sh)
+# the kernels an AVX2-only one runs (experiments/translation_game/grid.sh)
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The IMDB experiments of BENCHMARKS.md: 7 methods x 5 seeds (the paper's seed count) of one config.
-#   bash benchmarks/imdb_grid.sh    configs/imdb.yaml (a 5M GPT-2 trained from scratch on IMDB reviews: the toy
+#   bash experiments/imdb/grid.sh    configs/imdb.yaml (a 5M GPT-2 trained from scratch on IMDB reviews: the toy
 #                                   scale of issue 9; about 3 hours on 2 CPU cores)
-#   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=results/imdb_135m bash benchmarks/imdb_grid.sh
+#   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=experiments/imdb/results/135m bash experiments/imdb/grid.sh
 #                                   (SmolLM2-135M adapted to IMDB: the paper's scale, issue 36)
 # Resumable: run it again after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
 # A finished cell's checkpoints are deleted (--prune-finished): 135M weights, Adam and EMA are ~5 GB a cell.
@@ -29,7 +29,7 @@
 #  nlpo          NLPO as the paper's corrected run: beta 1.0 (target 1.0), sampling inside the top-0.9 set of a
 #                mask model (at least 100 tokens) refreshed every 50 iterations
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 CONFIG=${CONFIG:-configs/imdb.yaml}
 GRID=${GRID:-runs/imdb}
 RESULTS=${RESULTS:-results/imdb}
@@ -39,7 +39,7 @@ ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
 # paper-text EMA's per-optimizer-step decay, which keeps its horizon at ~2 iterations (0.6 with one step an iteration).
 KL_SMALL_TARGET=${KL_SMALL_TARGET:-null}
 ER_PAPER_DECAY=${ER_PAPER_DECAY:-0.6}
-source benchmarks/grid_cells.sh
+source experiments/grid_cells.sh
 # A grid that spans sessions must keep its policy: POLICY_METRICS names the policy's pretrain_metrics.json; the
 # first run of the grid records it in $RESULTS/policy.json and every later one refuses a policy whose held-out
 # perplexity differs (grid_cells.sh: same_build).

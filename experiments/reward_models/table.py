@@ -1,5 +1,5 @@
 """Issue 12's table: RM against AM per backbone (mean ± standard error over seeds) of test accuracy, ECE and the
-per-category score statistics, plus one reliability diagram per backbone, into results/reward-models/.
+per-category score statistics, plus one reliability diagram per backbone, into experiments/reward_models/results/.
 
 Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-model evaluate`` wrote one (it
 adds accuracy and ECE per preference set: paper 2's Table 1 reports HH-RLHF alone), else from the training run.
@@ -12,7 +12,7 @@ it knows; the log loss (mean −log σ(Δ), ln 2 = 0.693 for a coin) weighs cali
 "± prompts" is the accuracy's standard error over the test split's prompts (cluster-robust: Stack Exchange pairs
 share questions), averaged over seeds: the noise of one test split, which the ± over seeds does not show.
 
-    .venv/bin/python benchmarks/reward_models_table.py runs/reward-models [--out results/reward-models]
+    .venv/bin/python experiments/reward_models/table.py runs/reward-models [--out experiments/reward_models/results]
 
 ``verdict.md`` tests paper 2's three claims per backbone by fixed rules (:func:`verdicts`), so that the verdict
 follows the numbers as seeds come in rather than being written to fit them.
@@ -117,7 +117,7 @@ def above_chance(accuracies: list[float], split_se: float) -> tuple[bool, float]
 
 def verdicts(summary: dict) -> list[str]:
     """Markdown lines: per backbone with both models, paper 2's three claims tested on the test split."""
-    lines = ["# Paper 2's claims at this scale (written by benchmarks/reward_models_table.py)", "", PAPER + ".", "",
+    lines = ["# Paper 2's claims at this scale (written by experiments/reward_models/table.py)", "", PAPER + ".", "",
              "Rules: a difference AM − RM counts when it is beyond 2 standard errors over seeds (all seeds share one "
              "test split); a model learns HH-RLHF when its mean accuracy there is above 0.5 by more than 2 standard "
              "errors (seeds and the split's sampling error, binomial over its pairs).", ""]
@@ -188,7 +188,7 @@ def finished_models(grid: Path, kept: Path) -> dict[str, tuple[dict, dict | None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid")
-    parser.add_argument("--out", default="results/reward-models")
+    parser.add_argument("--out", default="experiments/reward_models/results")
     args = parser.parse_args()
     out = Path(args.out)
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)

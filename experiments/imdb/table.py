@@ -1,6 +1,6 @@
-"""The IMDB table of BENCHMARKS.md, from the runs and report that ``benchmarks/imdb_grid.sh`` copies to results/imdb.
+"""The IMDB table of BENCHMARKS.md, from the runs and report that ``experiments/imdb/grid.sh`` copies to experiments/imdb/results/toy.
 
-    .venv/bin/python benchmarks/imdb_table.py [results/imdb]
+    .venv/bin/python experiments/imdb/table.py [experiments/imdb/results/toy]
 
 Per method: the final evaluation (reward, perplexity on held-out human reviews, KL to the initial model) as mean ±
 standard error over seeds, and the best reward reached; the test split's table where the runs have one (``test/*``,
@@ -59,4 +59,4 @@ def main(results: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "results" / "imdb"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results" / "toy"))

@@ -1,7 +1,7 @@
 """How well each proxy learned the gold (issue 37): its held-out accuracy against the noisy labels it was trained on,
 against the gold's own order, and its ECE.
 
-    .venv/bin/python benchmarks/gold_proxies.py OUT.json PROXY_DIR...
+    .venv/bin/python experiments/gold_vs_proxy/proxies.py OUT.json PROXY_DIR...
 
 Each proxy folder was written by ``reward-model train --data <gold pairs>/pairs.jsonl``; its ``reward_model.json``
 names the pairs file and the split, so the test pairs are the ones the proxy never saw. The gold's scores of both

@@ -1,8 +1,8 @@
 """Does Elastic Reset Pareto-dominate PPO + KL? The verdict of an IMDB grid, by rules fixed before it ran (issue 36).
 
-    .venv/bin/python benchmarks/imdb_verdict.py results/imdb_135m     # writes results/imdb_135m/verdict.md
+    .venv/bin/python experiments/imdb/verdict.py experiments/imdb/results/135m     # writes experiments/imdb/results/135m/verdict.md
 
-Reads the grid's ``summary.json`` (``benchmarks/imdb_grid.sh``): per method the final evaluation as mean ± SE over
+Reads the grid's ``summary.json`` (``experiments/imdb/grid.sh``): per method the final evaluation as mean ± SE over
 seeds and the mean frontier (least perplexity on held-out true reviews at each reward level); per pair the shared
 reward range and the fraction of it on which each method's frontier is better.
 
@@ -33,7 +33,7 @@ OTHERS = ("er_paper", "reset_to_init", "reset_to_ema", "nlpo")
 def verdict(summary: dict) -> str:
     methods = summary["methods"]
     seeds = sorted({s for entry in methods.values() for s in entry["seeds"]})
-    lines = ["# Elastic Reset against PPO + KL on IMDB (written by benchmarks/imdb_verdict.py)", "",
+    lines = ["# Elastic Reset against PPO + KL on IMDB (written by experiments/imdb/verdict.py)", "",
              f"Seeds {seeds}; rules in the script's docstring, fixed before the grid ran.", ""]
     outcomes = {}
     for b in (*BASELINES, *OTHERS):

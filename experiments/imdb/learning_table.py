@@ -1,6 +1,6 @@
-"""The learning search of issue 36 (``benchmarks/imdb_135m_learning.sh``): its table and the rule's choice.
+"""The learning search of issue 36 (``experiments/imdb/learning.sh``): its table and the rule's choice.
 
-    .venv/bin/python benchmarks/imdb_135m_learning_table.py [results/imdb_135m/learning]
+    .venv/bin/python experiments/imdb/learning_table.py [experiments/imdb/results/135m/learning]
 
 The rule (the script's, fixed before the runs): an estimator learns if its held-out reward at iteration 20 is at
 least 0.15 above the initial one; the grid takes the candidate with the highest reward at 20 among those whose
@@ -49,4 +49,4 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "results/imdb_135m/learning"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/imdb/results/135m/learning"))

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Issue 12's comparison: the Bradley-Terry reward model (RM) against the Advantage Model (AM) on the same
 # prompt-disjoint split of HH-RLHF (helpful + harmless) and the beer/coffee Stack Exchange pairs, 3 seeds each,
-# for each backbone. Resumable: a finished model is skipped (in GRID, or kept in results/reward-models/runs/ by the
+# for each backbone. Resumable: a finished model is skipped (in GRID, or kept in experiments/reward_models/results/runs/ by the
 # table script, so a session whose runs/ is gone does not retrain it), an interrupted one continues from its
 # checkpoint.
-#   BACKBONES=minilm SEEDS=3 GRID=runs/reward-models bash benchmarks/reward_models_grid.sh
-#   BACKBONES=smollm2 SEEDS=3 SAVE_STEPS=25 GROUP_BY_LENGTH=1 GRID=runs/reward-models bash benchmarks/reward_models_grid.sh
-#   .venv/bin/python benchmarks/reward_models_table.py runs/reward-models
+#   BACKBONES=minilm SEEDS=3 GRID=runs/reward-models bash experiments/reward_models/grid.sh
+#   BACKBONES=smollm2 SEEDS=3 SAVE_STEPS=25 GROUP_BY_LENGTH=1 GRID=runs/reward-models bash experiments/reward_models/grid.sh
+#   .venv/bin/python experiments/reward_models/table.py runs/reward-models
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GRID=${GRID:-runs/reward-models}
 DATA_DIR=${DATA_DIR:-../shared/data}
 KEPT=${KEPT:-results/reward-models/runs}

@@ -2,8 +2,8 @@
 # Issue 38, part 5: the anchor family on the demo task (SmolLM2-135M-Instruct + LoRA, VADER reward, RLOO 4 x 4,
 # lr 3e-3, 16 iterations: configs/demo.yaml), 3 seeds; every method's own key setting at two values, the same
 # budget for all. Then `none`'s policies swept toward their initial model (model averaging, ExPO at 1.25).
-#   bash benchmarks/anchor_demo_grid.sh        (~40 runs of ~40 s on an AVX-512 BF16 CPU; resumable)
-#   STAGE=report bash benchmarks/anchor_demo_grid.sh      (only the sweep and the report)
+#   bash experiments/anchor_demo/grid.sh        (~40 runs of ~40 s on an AVX-512 BF16 CPU; resumable)
+#   STAGE=report bash experiments/anchor_demo/grid.sh      (only the sweep and the report)
 #
 # The settings (decided before any run; the demo's KL to the initial model reaches ~28 nats a sequence by
 # iteration 16 without control, so beta 0.01-0.03 is a penalty of 0.1-0.8 against a reward range of 2):
@@ -17,7 +17,7 @@
 #                  (with LoRA, A and B are mixed separately: an approximation, core/anchor.py says why)
 #  ema_80, ema_95  WARP / EMA-PG: KL (beta 0.03) to an EMA of the policy, decay 0.80 / 0.95
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GRID=${GRID:-runs/anchor_demo}
 RESULTS=${RESULTS:-results/anchor_demo}
 SEEDS=${SEEDS:-3}
@@ -53,4 +53,4 @@ for run in "$GRID"/none/seed*/; do
   grep -q '"lambda": 1.25' "$run/sweep.jsonl" 2>/dev/null || \
     .venv/bin/elastic-reset sweep "$run" --lambdas 0.25,0.5,0.75,1.25
 done
-.venv/bin/python benchmarks/anchor_demo_report.py "$GRID" "$RESULTS"
+.venv/bin/python experiments/anchor_demo/report.py "$GRID" "$RESULTS"

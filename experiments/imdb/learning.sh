@@ -13,9 +13,9 @@
 # initial one. The grid takes the (estimator, lr) with the highest reward at iteration 20 among those whose
 # perplexity at 20 is at most 2x the initial one (drift control must have something to trade, not a broken
 # model); within 0.02 of each other, the lower learning rate.
-#   bash benchmarks/imdb_135m_learning.sh            (resumable; JOBS=2 runs two cells at once)
+#   bash experiments/imdb/learning.sh            (resumable; JOBS=2 runs two cells at once)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GRID=${GRID:-runs/imdb_135m_learning}
 PPO=(algo.name=ppo algo.prompts_per_step=32 algo.samples_per_prompt=1 algo.epochs=4 algo.minibatch_size=16)
 sets=()
@@ -27,10 +27,10 @@ done
 .venv/bin/elastic-reset compare configs/imdb_135m.yaml --out "$GRID" --seeds 1 --jobs "${JOBS:-1}" \
   --methods rloo_lr3e-6=kl,rloo_lr1e-5=kl,rloo_lr3e-5=kl,rloo_lr1e-4=kl,rloo_lr3e-4=kl,ppo_lr3e-6=kl,ppo_lr1e-5=kl,ppo_lr3e-5=kl,ppo_lr1e-4=kl \
   "${sets[@]}" --set steps=20 --set kl.coef=0 --set kl.target=null --set progress=false
-mkdir -p results/imdb_135m/learning
-cp "$GRID"/summary.json results/imdb_135m/learning/
+mkdir -p experiments/imdb/results/135m/learning
+cp "$GRID"/summary.json experiments/imdb/results/135m/learning/
 for run in "$GRID"/*/seed0/; do
-  dest=results/imdb_135m/learning/$(basename "$(dirname "$run")")
+  dest=experiments/imdb/results/135m/learning/$(basename "$(dirname "$run")")
   mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$dest"
 done
-.venv/bin/python benchmarks/imdb_135m_learning_table.py results/imdb_135m/learning | tee results/imdb_135m/learning/table.md
+.venv/bin/python experiments/imdb/learning_table.py experiments/imdb/results/135m/learning | tee experiments/imdb/results/135m/learning/table.md

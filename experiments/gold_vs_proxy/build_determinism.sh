@@ -3,9 +3,9 @@
 # sessions rebuild their artefacts on each new machine and refuse a rebuild that differs (grid_cells.sh:
 # same_build); this checks the premise, run to run, at small sizes: the classifier (the gold), the IMDB policy,
 # gold-labelled pairs and a Bradley-Terry proxy, built twice into two caches, then compared file by file.
-#   bash benchmarks/build_chain_determinism.sh [WORK_DIR]     # ~25 min on 2 AVX2 cores
+#   bash experiments/gold_vs_proxy/build_determinism.sh [WORK_DIR]     # ~25 min on 2 AVX2 cores
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WORK=${1:-$(mktemp -d)}
 mkdir -p "$WORK"
 ER=.venv/bin/elastic-reset

@@ -7,7 +7,7 @@
 #      (BUILD_JOBS processes, under CUDA MPS; session 52 built them in turn, beside the tests: BENCHMARKS.md);
 #   3. the grid's 7 methods x 1 seed side by side (translation_grid.sh, JOBS cells at once under CUDA MPS) for STEPS
 #      updates, stopped at DEADLINE seconds after the call began: each cell's metrics.jsonl times every update.
-#   STEPS=400 EPOCHS=1 DEADLINE=520 bash benchmarks/gpu_translation.sh      # carry .whl .trd
+#   STEPS=400 EPOCHS=1 DEADLINE=520 bash experiments/translation_game/gpu.sh      # carry .whl .trd
 # What travels besides the tree (made here once; both folders git-ignored through .git/info/exclude):
 #   .whl/  transformers==5.24.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
 #          typing-inspection==0.4.5 vaderSentiment==3.3.2 (downloaded as gpu_session.sh's header says)
@@ -48,7 +48,7 @@ if [ "$(cat "$KEEP/build.rc" 2>/dev/null)" = 0 ]; then
   echo "the grid begins at $(since)" | tee -a "$OUT/machine.txt"
   (AGENTS=$adapted SEEDS=1 STEPS=$STEPS JOBS=${JOBS:-7} ISA=native ER=$ER PY=python3 PYTHON=python3 GRID=/tmp/grid \
      RESULTS=/tmp/grid_results setsid nohup bash -c \
-     'bash benchmarks/translation_grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)
+     'bash experiments/translation_game/grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)
   while [ ! -f "$KEEP/grid.rc" ] && [ "$(( $(date +%s) - start ))" -lt "$DEADLINE" ]; do sleep 2; done
   echo "stopped waiting at $(since); the grid's exit code: $(cat "$KEEP/grid.rc" 2>/dev/null || echo 'none yet')" \
     | tee -a "$OUT/machine.txt"

@@ -16,7 +16,7 @@
 #  reset_to_init beta 0.001 (target 1.0), reset every 6 to the initial weights
 #  reset_to_ema  as the authors' elastic_reset, but the EMA is never reset to the initial weights
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GRID=${GRID:-runs/imdb_smollm2}
 SMALL_KL=(kl.coef=0.001 kl.target=1.0)
 sets=()
@@ -32,9 +32,9 @@ done
   --method-set reset_to_ema:method.ema_update=iteration --method-set reset_to_ema:kl.reference=ema \
   --set progress=false
 # What BENCHMARKS.md cites: the report, the figures, and each run's config and metrics (not the checkpoints).
-rm -rf results/imdb_smollm2/runs && mkdir -p results/imdb_smollm2
-cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png results/imdb_smollm2/
+rm -rf experiments/imdb/results/smollm2/runs && mkdir -p experiments/imdb/results/smollm2
+cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png experiments/imdb/results/smollm2/
 for run in "$GRID"/*/seed*/; do
-  dest=results/imdb_smollm2/runs/${run#"$GRID"/}
+  dest=experiments/imdb/results/smollm2/runs/${run#"$GRID"/}
   mkdir -p "$dest" && cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/label "$dest"
 done

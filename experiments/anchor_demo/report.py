@@ -1,9 +1,9 @@
 """The anchor family on the demo task (issue 38, part 5): table, frontier figure and verdict, by rules fixed before
 the grid ran.
 
-    .venv/bin/python benchmarks/anchor_demo_report.py runs/anchor_demo results/anchor_demo
+    .venv/bin/python experiments/anchor_demo/report.py runs/anchor_demo experiments/anchor_demo/results
 
-Reads ``GRID/<label>/seed<i>/`` (``benchmarks/anchor_demo_grid.sh``) and writes into RESULTS ``summary.json``
+Reads ``GRID/<label>/seed<i>/`` (``experiments/anchor_demo/grid.sh``) and writes into RESULTS ``summary.json``
 (per label: final held-out reward, perplexity and KL to the initial model, mean ± SE over seeds, the number of
 pulls; every pairwise dominance), ``pareto.png`` (each family's representative, below), ``pareto_all.png``
 (every label) and ``verdict.md``.

@@ -1,8 +1,8 @@
 """The gold-vs-proxy grid's numbers, figures and verdicts (issue 37), by rules fixed before the grid ran.
 
-    .venv/bin/python benchmarks/gold_vs_proxy_report.py runs/gold_vs_proxy results/gold_vs_proxy
+    .venv/bin/python experiments/gold_vs_proxy/report.py runs/gold_vs_proxy experiments/gold_vs_proxy/results/xeon
 
-Reads the finished runs ``GRID/<proxy>/<method>/seed<i>/`` (``benchmarks/gold_vs_proxy.sh``: proxy ``rm`` or ``am``;
+Reads the finished runs ``GRID/<proxy>/<method>/seed<i>/`` (``experiments/gold_vs_proxy/grid.sh``: proxy ``rm`` or ``am``;
 a cell still training is left out, and named) and writes into
 RESULTS ``summary.json`` (per proxy and method, mean ± SE over seeds of each run's measures below, and the gold's
 Gao fit), ``gold_vs_proxy_<proxy>.png`` and ``verdict.md``.
@@ -214,7 +214,7 @@ def verdict_c(summary: dict, pairs: tuple = SR_PAIRS) -> tuple[str, list[str]]:
 
 def verdict(summary: dict) -> str:
     seeds = sorted({s for methods in summary.values() for m in methods.values() for s in m["seeds"]})
-    lines = ["# Gold vs proxy on IMDB (written by benchmarks/gold_vs_proxy_report.py)", "",
+    lines = ["# Gold vs proxy on IMDB (written by experiments/gold_vs_proxy/report.py)", "",
              f"Seeds {seeds}; rules in the script's docstring, fixed before the grid ran.", ""]
     for title, (outcome, rows) in (
             ("(a) Elastic Reset reaches a higher peak gold, or the same gold at less drift, than PPO + KL",

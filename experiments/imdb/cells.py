@@ -1,7 +1,7 @@
 """An IMDB grid's finished cells as BENCHMARKS.md's progress table: a row per method, a column per seed.
 
-    .venv/bin/python benchmarks/imdb_cells.py results/imdb_135m [--methods kl,elastic_reset]
-    .venv/bin/python benchmarks/imdb_cells.py runs/imdb_135m       # the grid itself, before collecting
+    .venv/bin/python experiments/imdb/cells.py experiments/imdb/results/135m [--methods kl,elastic_reset]
+    .venv/bin/python experiments/imdb/cells.py runs/imdb_135m       # the grid itself, before collecting
 
 Reads each cell (``RESULTS/runs/METHOD/seedN``, as ``grid_cells.sh`` collects them) with the reports' reader,
 :func:`~elastic_reset.evaluation.runs.load_run`, and prints its final evaluation (reward, perplexity on held-out

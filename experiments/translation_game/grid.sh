@@ -2,11 +2,11 @@
 # The Translation Game's grid (issue 39, part 3; paper §4, Table 1, Appendix A): 7 methods x SEEDS seeds on the
 # agents `elastic-reset build translation-agents` wrote (out of domain, as the paper's). Resumable: run it again
 # after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
-#   STEPS=1000 JOBS=2 THREADS=1 bash benchmarks/translation_grid.sh
+#   STEPS=1000 JOBS=2 THREADS=1 bash experiments/translation_game/grid.sh
 #     (1,000 updates: the CPU budget of the learning check, ~25 min an RLOO run alone)
 # JOBS=2 THREADS=1: two cells side by side at one torch thread each, ~10-15 % more updates an hour on 2 cores.
 # STEPS: updates per run (the paper's 50k on a GPU; on a CPU a reduced budget, stated with the results). Run the
-# learning check (benchmarks/translation_check.sh) at the same budget first: with no task gain over FROZEN ENGLISH
+# learning check (experiments/translation_game/check.sh) at the same budget first: with no task gain over FROZEN ENGLISH
 # there, the grid tests nothing.
 #
 # Common to every method, from the learning check (part 2): validation on all 1,014 val sentences every EVERY
@@ -25,7 +25,7 @@
 # Resets every 0.46 x STEPS (the paper's 23k of 50k updates: two resets, three iterations).
 # ER, PY, PYTHON: the CLI and the interpreters it runs (default .venv/bin/...; gpu_translation.sh runs it there).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # The grid's agents and first cells are an AVX2 machine's (fp32: autocast none). A CPU with wider vectors runs the
 # AVX2 kernels (torch's, MKL's, oneDNN's) so as to compute as that machine did: under these caps an AVX-512 machine
 # (an AMD EPYC) gave fr-en's first epoch val BLEU 32.48, the AVX2 machine 32.5, an AVX-512 Xeon uncapped 32.8
@@ -64,7 +64,7 @@ fi
 common+=(--set "task.options.agents=$AGENTS" --set "model.name=$AGENTS/fr-en")
 # Across sessions (grid_cells.sh): the agents must be the build the first cells played with, finished cells come
 # back from $RESULTS, and each seed's cells are kept there as they finish.
-source benchmarks/grid_cells.sh
+source experiments/grid_cells.sh
 same_build "$AGENTS/build_metrics.json" "$RESULTS/build_metrics.json" pretrained.val.task_bleu
 restore_cells "$RESULTS" "$GRID"
 for n in $(seq 1 "$SEEDS"); do
@@ -85,4 +85,4 @@ done
 # What BENCHMARKS.md cites besides the cells and the agents' build metrics (the PRETRAINED row): the report, the
 # figures and the verdict.
 cp "$GRID"/summary.json "$GRID"/pareto.png "$GRID"/pareto_curves.png "$RESULTS/"
-${PY:-.venv/bin/python} benchmarks/translation_verdict.py "$RESULTS"
+${PY:-.venv/bin/python} experiments/translation_game/verdict.py "$RESULTS"

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
 # The gold-vs-proxy testbed of issue 37, start to end; every stage skips what is already built, so run it again
 # after an interruption.
-#   bash benchmarks/gold_vs_proxy.sh            # all stages
-#   STAGES="pairs proxies" bash benchmarks/gold_vs_proxy.sh
+#   bash experiments/gold_vs_proxy/grid.sh            # all stages
+#   STAGES="pairs proxies" bash experiments/gold_vs_proxy/grid.sh
 # Stages:
 #   pairs     gold-labelled pairs of the IMDB policy's continuations at two sizes (N_SMALL, N_LARGE) with
 #             Bradley-Terry noise at T = 0.5: on the first 48 pairs built (median gold gap 0.45 log-odds) the labels
 #             then agree with the gold's own order on ~73 % of pairs (expected), as human labellers agree with each
 #             other (72.6 %, Ouyang et al. 2022); T = 1 would give 66 %, T = 0.25 81 %
 #   proxies   MiniLM proxies on each: Bradley-Terry (rm) and Advantage Model (am); their table against the gold
-#             (results/gold_vs_proxy/proxies.json)
+#             (experiments/gold_vs_proxy/results/xeon/proxies.json)
 #   learning  learning first: RLOO against the large RM proxy, no KL, 20 iterations, 64 held-out prompts. The
 #             testbed is informative when the proxy reward rises AND the gold rises by >= 0.10 (P(positive)) at
 #             some evaluation (rule fixed before the run); otherwise the grid is not run
 #   grid      5 methods x 2 proxies x SEEDS seeds of configs/imdb_gold.yaml (resumable compare; JOBS cells at once)
-#   report    summary.json, gold_vs_proxy_<proxy>.png and verdict.md (rules: benchmarks/gold_vs_proxy_report.py)
+#   report    summary.json, gold_vs_proxy_<proxy>.png and verdict.md (rules: experiments/gold_vs_proxy/report.py)
 # Builds what a stage needs and the cache lacks (a new machine): the gold (imdb-classifier), the policy
 # (imdb-smollm2), the pairs, the proxies; each is checked against the build the committed results used as
 # soon as it is built (grid_cells.sh: same_build), so a rebuild that differs stops the script there.
 # A rebuild that differs (a new machine of another CPU model) starts a grid of its own, recorded apart from the
 # first (its records: $RESULTS/policy.json, pairs-n*.json, proxy-*.json, learning.json), learning shown again first:
-#   RESULTS=results/gold_vs_proxy_epyc GRID=runs/gold_vs_proxy_epyc SIZES=4000 \
-#     STAGES="proxies learning grid report" bash benchmarks/gold_vs_proxy.sh
+#   RESULTS=experiments/gold_vs_proxy/results/epyc GRID=runs/gold_vs_proxy_epyc SIZES=4000 \
+#     STAGES="proxies learning grid report" bash experiments/gold_vs_proxy/grid.sh
 #
 # Methods (the issue's list; RLOO rather than PPO as the policy-gradient algorithm, because PPO with a value head
 # did not learn at this scale with the same budget: BENCHMARKS.md, "IMDB at the paper's scale"):
@@ -33,7 +33,7 @@
 #                arm pre-registered on 2026-11-26 after seed 0 showed the 32-example set memorised, before any of its
 #                cells ran; it runs after the main grid and has its own verdict, (c') (gold_vs_proxy_report.py)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STAGES=${STAGES:-pairs proxies learning grid report}
 N_SMALL=${N_SMALL:-1000}
 N_LARGE=${N_LARGE:-4000}
@@ -48,7 +48,7 @@ pairs() { echo "$CACHE/gold-pairs/imdb-n$1-t$T-seed0"; }
 proxy() { echo "$CACHE/reward-models/gold-minilm-$2-n$1"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$RESULTS"
-source benchmarks/grid_cells.sh
+source experiments/grid_cells.sh
 
 # What the stages stand on, built only where missing and checked at once against the records of the build the
 # committed results used: the policy's held-out perplexity (the IMDB grid's record: the same build), the pairs'
@@ -85,7 +85,7 @@ if has proxies; then
   for n in $SIZES; do
     for kind in rm am; do need_proxy "$n" $kind; built+=("$(proxy "$n" $kind)"); done
   done
-  .venv/bin/python benchmarks/gold_proxies.py "$RESULTS/proxies.json" "${built[@]}"
+  .venv/bin/python experiments/gold_vs_proxy/proxies.py "$RESULTS/proxies.json" "${built[@]}"
 fi
 
 if has learning; then
@@ -159,5 +159,5 @@ if has grid; then
 fi
 
 if has report; then
-  .venv/bin/python benchmarks/gold_vs_proxy_report.py "$GRID" "$RESULTS"
+  .venv/bin/python experiments/gold_vs_proxy/report.py "$GRID" "$RESULTS"
 fi

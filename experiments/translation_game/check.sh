@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39, part 2: does the Translation Game's task score move with out-of-domain agents, before any grid?
-#   bash benchmarks/translation_check.sh           (after `elastic-reset build translation-agents`; resumable)
-#   AGENTS=DIR OUT=runs/other bash benchmarks/translation_check.sh   (agents built with --out DIR)
+#   bash experiments/translation_game/check.sh           (after `elastic-reset build translation-agents`; resumable)
+#   AGENTS=DIR OUT=runs/other bash experiments/translation_game/check.sh   (agents built with --out DIR)
 # Runs, on all 1,014 val sentences (greedy; task = FR→EN→DE BLEU, drift = FR→EN BLEU), every EVERY updates:
 #  frozen     FROZEN ENGLISH: the speaker frozen, the listener adapting to Multi30k (lr 1e-4): the paper's +7 BLEU
 #  rloo       the speaker too: RLOO 16 prompts x 4 samples (a per-prompt baseline), SIL's optimiser (Adam beta2
@@ -9,7 +9,7 @@
 #             (so no reference forward), updates in minibatches of 32
 # The task's gain is read against FROZEN ENGLISH at the same update: what the speaker adds.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/translation_check}
 STEPS=${STEPS:-1000}
 EVERY=${EVERY:-100}

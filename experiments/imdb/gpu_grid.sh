@@ -62,12 +62,12 @@ echo "MPS $mps, $jobs cells at once, grid begins at $(since)" | tee -a "$OUT/bui
 rm -f "$KEEP/grid.rc"
 (ER="python3 -m elastic_reset.cli" PY=python3 PYTHON=python3 JOBS=$jobs ONE_GO=1 GRID=/tmp/grid \
    RESULTS=/tmp/grid_results SETS="task.data_dir=$KEEP/data" setsid nohup bash -c \
-   'bash benchmarks/imdb_grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)
+   'bash experiments/imdb/grid.sh > "$0/grid.log" 2>&1; echo $? > "$0/grid.rc"' "$KEEP" &)
 deadline=${DEADLINE:-560}
 while [ "$(( $(date +%s) - start ))" -lt "$deadline" ] && [ ! -f "$KEEP/grid.rc" ]; do sleep 5; done
 echo "stopped waiting at $(since); the grid's exit code: $(cat "$KEEP/grid.rc" 2>/dev/null || echo "none yet")" \
   | tee -a "$OUT/builds.log"
-ER=: PY=python3 COLLECT=1 GRID=/tmp/grid RESULTS=/tmp/grid_results bash benchmarks/imdb_grid.sh
+ER=: PY=python3 COLLECT=1 GRID=/tmp/grid RESULTS=/tmp/grid_results bash experiments/imdb/grid.sh
 cp "$KEEP/grid.log" "$OUT/"
 tar -C /tmp -czf "$OUT/grid_results.tgz" grid_results
 nvidia-smi --query-gpu=memory.used --format=csv,noheader >> "$OUT/builds.log"
