@@ -127,6 +127,25 @@ def test_ema_export_holds_the_ema_weights(lora_run, tmp_path):
     assert "the EMA of the policy's weights" in (tmp_path / "ema" / "README.md").read_text()
 
 
+def test_an_ema_exported_after_a_final_reset_is_said_to_be_the_initial_weights(lora_run, tmp_path):
+    import warnings
+
+    from elastic_reset.rl.export import EMAIsInitialWarning
+
+    run, _ = lora_run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EMAIsInitialWarning)  # step 4 is no reset step here: no warning
+        export_run(run, tmp_path / "ema", ema=True)
+    assert "initial weights" not in (tmp_path / "ema" / "README.md").read_text()
+    ended_on_reset = tmp_path / "run"
+    RLTrainer(run_config(LORA, "method.reset_every=2"), ended_on_reset).train()
+    with pytest.warns(EMAIsInitialWarning, match="the policy itself: export it without --ema"):
+        export_run(ended_on_reset, tmp_path / "theta0", ema=True)
+    assert "This EMA equals the initial weights θ0 exactly" in (tmp_path / "theta0" / "README.md").read_text()
+    saved = torch.load(step_file(ended_on_reset, 4), weights_only=True)["method"]["ema"]
+    assert all(torch.equal(e, i) for e, i in zip(saved["ema"], saved["init"]))
+
+
 def test_full_model_export_and_the_byte_tokenizer_round_trip(full_run, tmp_path):
     run, config = full_run
     expected = _policy_at(config, run, 4)

@@ -337,6 +337,14 @@ def test_the_final_ema_is_saved_with_save_pretrained(lm_run):
     # The trainer's model keeps the policy's own weights, which differ from the EMA after step 4's reset.
     assert er.distance() > 0.1
     assert not [p for p in lm_run.out.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    # Step 4 was a reset: the EMA is θ0, and the folder says so and where the pre-reset average went.
+    assert er.ema_is_initial() and "the initial weights" in (lm_run.out / EMA_DIR / "README.md").read_text()
+
+
+def test_an_ema_saved_between_resets_has_no_such_note(tmp_path):
+    callback = ElasticResetCallback(decay=DECAY, reset_every=RESET_EVERY)
+    _lm_trainer(tmp_path, [callback], max_steps=3).train()
+    assert not callback.elastic_reset.ema_is_initial() and not (tmp_path / EMA_DIR / "README.md").exists()
 
 
 def test_save_ema_false_writes_no_folder(tmp_path):

@@ -163,6 +163,13 @@ class ElasticReset(CoveredTensors):
         whole parameters, the same on every rank (a collective: every rank must call it)."""
         return self._distance(self._params_in_copy_space(), self.ema)
 
+    @torch.no_grad()
+    def ema_is_initial(self) -> bool:
+        """Whether the EMA holds θ0 exactly: at step 0, and right after a reset in mode ``"elastic"`` or ``"init"``
+        until the next update (a run that ends on a reset step: the pre-reset EMA is then in the policy). This
+        rank's tensors only when sharded."""
+        return all(torch.equal(e, i) for e, i in zip(self.ema, self.init))
+
     def ema_state(self) -> dict[str, torch.Tensor]:
         """The EMA weights by parameter name (fp32, on :attr:`device`): for saving or loading an EMA model."""
         return dict(zip(self.names, self.ema))

@@ -206,11 +206,24 @@ class ElasticResetCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = os.path.join(args.output_dir, EMA_DIR)
+        # A run that ends on a reset step leaves θ0 in the EMA: the pre-reset average is the policy itself.
+        initial = self.elastic_reset.num_steps > 0 and self.elastic_reset.ema_is_initial()
+        if initial:
+            logger.warning("ElasticResetCallback: %s/%s equals the initial weights: training ended on a reset, "
+                           "which moved the EMA into the policy (the model in %s is that average) and set the EMA "
+                           "to θ0", args.output_dir, EMA_DIR, args.output_dir)
 
         def write(tmp) -> None:
             model.save_pretrained(tmp)
             if processing_class is not None and hasattr(processing_class, "save_pretrained"):
                 processing_class.save_pretrained(tmp)
+            if initial:
+                with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:  # inside the atomic save
+                    f.write(f"# The Elastic Reset EMA at step {state.global_step}: the initial weights\n\n"
+                            "Training ended on a reset step: a reset sets the policy to the EMA and then the EMA "
+                            "to the initial weights θ0 (Elastic Reset, paper §3), so this folder holds θ0. The "
+                            "average of the weights before that reset is the trained policy, saved by the "
+                            "trainer in output_dir.\n")
 
         with self.elastic_reset.ema_weights():  # the policy's own weights are back after the block
             save_folder_atomically(folder, write)

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -105,9 +106,21 @@ def _final_eval(run_dir: Path, step: int, prefix: str) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
+class EMAIsInitialWarning(UserWarning):
+    """An exported EMA that equals the initial weights (a run that ended on a reset)."""
+
+
+EMA_IS_INITIAL = ("This EMA equals the initial weights θ0 exactly: the run's last step was a reset, which sets the "
+                  "policy to the EMA and then the EMA to θ0 (Elastic Reset, paper §3). The average of the weights "
+                  "before that reset is the policy itself: export it without --ema (or from an earlier "
+                  "checkpoint with --step).")
+"""What an exported EMA's card and the export's warning say when the EMA is θ0."""
+
+
 def model_card(run_dir: str | Path | None, config: TrainConfig, step: int, *, ema: bool = False,
-               merge: bool = False, command: str | None = None) -> str:
-    """The ``README.md`` of an exported policy: Hub metadata, then what the model is and how it was trained."""
+               merge: bool = False, command: str | None = None, ema_is_initial: bool = False) -> str:
+    """The ``README.md`` of an exported policy: Hub metadata, then what the model is and how it was trained.
+    ``ema_is_initial``: the exported EMA is θ0 (the run ended on a reset), which the card says first."""
     run_dir = Path(run_dir) if run_dir is not None else None
     lora = config.model.lora is not None
     base = base_model_name(config)
@@ -149,7 +162,8 @@ def model_card(run_dir: str | Path | None, config: TrainConfig, step: int, *, em
         f"# {config.model.name} fine-tuned with {config.method.name} ({config.algo.name})",
         f"Trained with the `{LIBRARY}` library (Elastic Reset, Noukhovitch et al., NeurIPS 2023) on task "
         f"`{config.task.name}` for {step} iteration(s). This folder holds {form}: "
-        + ("the EMA of the policy's weights" if ema else "the policy's weights") + f" at step {step}.",
+        + ("the EMA of the policy's weights" if ema else "the policy's weights") + f" at step {step}."
+        + (f"\n\n**{EMA_IS_INITIAL}**" if ema and ema_is_initial else ""),
         f"Base model: {base or config.model.name}"
         + ("" if base else " (built locally by elastic-reset; not on the Hugging Face Hub)") + ".",
         f"## Method\n\n`method.name: {config.method.name}`, algorithm `{config.algo.name}`, KL coefficient "
@@ -170,9 +184,10 @@ def model_card(run_dir: str | Path | None, config: TrainConfig, step: int, *, em
 
 
 def save_run_policy(run_dir: str | Path | None, config: TrainConfig, model: Any, tokenizer: Any, out: str | Path,
-                    step: int, *, ema: bool = False, merge: bool = False, command: str | None = None) -> Path:
+                    step: int, *, ema: bool = False, merge: bool = False, command: str | None = None,
+                    ema_is_initial: bool = False) -> Path:
     """:func:`save_policy` with the model card of a run's policy at ``step``."""
-    card = model_card(run_dir, config, step, ema=ema, merge=merge, command=command)
+    card = model_card(run_dir, config, step, ema=ema, merge=merge, command=command, ema_is_initial=ema_is_initial)
     return save_policy(model, tokenizer, out, merge=merge, card=card, base_model=base_model_name(config))
 
 
@@ -203,10 +218,15 @@ def _weights(state: dict[str, Any], config: TrainConfig, ema: bool, path: Path) 
     if not ema:
         return state["trainable"]
     _check_ema(config)
+    saved = _ema_state(state, path)
+    return dict(zip(saved["names"], saved["ema"]))
+
+
+def _ema_state(state: dict[str, Any], path: Path) -> dict[str, Any]:
     saved = (state.get("method") or {}).get("ema")
     if not isinstance(saved, dict) or "names" not in saved or "ema" not in saved:
         raise RunFileError(f"{path}: the checkpoint holds no EMA state")
-    return dict(zip(saved["names"], saved["ema"]))
+    return saved
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None, ema: bool = False,
@@ -234,7 +254,14 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
-    out = save_run_policy(run_dir, config, model, tokenizer, out, step, ema=ema, merge=merge, command=command)
+    initial = False
+    if ema:
+        saved = _ema_state(state, run_dir / "checkpoints" / f"step_{step:07d}.pt")
+        initial = "init" in saved and all(torch.equal(e, i) for e, i in zip(saved["ema"], saved["init"]))
+        if initial:
+            warnings.warn(f"{run_dir} step {step}: {EMA_IS_INITIAL}", EMAIsInitialWarning, stacklevel=2)
+    out = save_run_policy(run_dir, config, model, tokenizer, out, step, ema=ema, merge=merge, command=command,
+                          ema_is_initial=initial)
     if push_to_hub is not None:
         push_folder(out, push_to_hub, token, f"elastic-reset export of {run_dir.name}, step {step}")
     return out
