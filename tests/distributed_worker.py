@@ -37,13 +37,13 @@ def main() -> None:
         def __getattr__(self, name):
             return getattr(self.reward, name)
 
-        def __call__(self, prompts, completions, *rollout):
+        def __call__(self, prompts, completions, *rollout, **step):
             prompts_seen.append(list(prompts))
-            scores, keep = self.reward(prompts, completions, *rollout)
+            scored = self.reward(prompts, completions, *rollout, **step)
             if drop and trainer.dp.rank == 0:
-                keep = keep.clone()
-                keep[0] = False
-            return scores, keep
+                scored.keep = scored.keep.clone()
+                scored.keep[0] = False
+            return scored
 
     trainer.reward = RecordingReward(trainer.reward)
     losses, loss = [], trainer.estimator.loss

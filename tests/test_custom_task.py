@@ -135,7 +135,8 @@ def test_without_the_datasets_package_a_dataset_is_one_line(files, monkeypatch):
 def test_a_trl_reward_gets_the_rows_other_columns(files):
     t = task(files)
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[1]]
-    scores, keep = checked(t)(prompts, ["eeee", "aab", ""])
+    scored = checked(t)(prompts, ["eeee", "aab", ""])
+    scores, keep = scored.scores, scored.keep
     assert scores.tolist() == pytest.approx([1.0, 2 / 3, 0.0]) and keep.all()
 
 
@@ -147,7 +148,8 @@ def test_several_rewards_are_summed_with_weights_and_none_means_no_reward(files)
     assert math.isnan(only.reward_fn([PROMPTS[0]], ["skip"])[0])
     with pytest.raises(RewardError, match="non-finite"):
         checked(only)([PROMPTS[0]], ["skip"])
-    scores, keep = checked(only, "drop")([PROMPTS[0], PROMPTS[0]], ["skip", "ok"])
+    scored = checked(only, "drop")([PROMPTS[0], PROMPTS[0]], ["skip", "ok"])
+    scores, keep = scored.scores, scored.keep
     assert keep.tolist() == [False, True]
 
 
@@ -159,8 +161,8 @@ def test_checked_reward_calls_keyword_rewards_by_keyword_and_others_positionally
         return [1.0] * len(c)
 
     device = torch.device("cpu")
-    assert CheckedReward(trl, "t", "error", device)(["p"], ["abc"])[0].tolist() == [3.0]
-    assert CheckedReward(positional, "t", "error", device)(["p"], ["abc"])[0].tolist() == [1.0]
+    assert CheckedReward(trl, "t", "error", device)(["p"], ["abc"]).scores.tolist() == [3.0]
+    assert CheckedReward(positional, "t", "error", device)(["p"], ["abc"]).scores.tolist() == [1.0]
     with pytest.raises(RewardError, match="did not return numbers"):
         CheckedReward(lambda p, c: ["x"], "t", "error", device)(["p"], ["abc"])
 
@@ -296,7 +298,7 @@ def test_trls_own_token_id_reward_gets_the_completion_ids(files):
     ids = torch.tensor([[5, 5, 5, 0, 0, 0, 0], [7] * 7])  # 3 and 7 tokens, right-padded
     rollout = Rollout(query_ids=torch.ones(2, 1, dtype=torch.long), query_mask=torch.ones(2, 1, dtype=torch.long),
                       response_ids=ids, response_mask=(ids > 0).float(), logprobs=torch.zeros(2, 7))
-    scores, _ = checked(t)([PROMPTS[0], PROMPTS[1]], ["ee", "bbbbbbb"], rollout)
+    scores = checked(t)([PROMPTS[0], PROMPTS[1]], ["ee", "bbbbbbb"], rollout).scores
     assert scores.tolist() == pytest.approx([0.0 + 1.0, -0.75 + 0.0])  # (8 - 4 - 7) / 4 for 7 tokens
 
 
@@ -391,7 +393,7 @@ def test_a_column_named_as_what_trl_passes_gives_way_to_trls_value(files):
     (files / "state.py").write_text("def steps(prompts, completions, trainer_state, **kwargs):\n"
                                     "    return [float(trainer_state.global_step)] * len(completions)\n")
     t = task(files, path=str(files / "state.jsonl"), reward=f"{files / 'state.py'}:steps")
-    assert checked(t)([PROMPTS[0]], ["a"])[0].tolist() == [0.0]
+    assert checked(t)([PROMPTS[0]], ["a"]).scores.tolist() == [0.0]
 
 
 ASYNC = """
@@ -421,10 +423,10 @@ def test_async_rewards_run_together_as_trl_runs_them_also_inside_a_running_event
     # the first async reward waits for the second: it ends only when both run at once (sequentially: a timeout)
     t = task(files, reward=[f"{files / 'async_rewards.py'}:{name}" for name in
                             ("plain", "waits_for_the_other", "sets_it")])
-    assert checked(t)([PROMPTS[0]] * 2, ["a", "b"])[0].tolist() == [7.0, 7.0]
+    assert checked(t)([PROMPTS[0]] * 2, ["a", "b"]).scores.tolist() == [7.0, 7.0]
 
     async def in_a_notebook():  # asyncio.run is refused inside a running loop
-        return checked(t)([PROMPTS[0]], ["a"])[0].tolist()
+        return checked(t)([PROMPTS[0]], ["a"]).scores.tolist()
 
     assert asyncio.run(in_a_notebook()) == [7.0]
 

@@ -114,16 +114,16 @@ class Evaluator:
         atomic_write_text(self.run.path / REFERENCE_TEXTS, json.dumps(texts, indent=1, ensure_ascii=False) + "\n")
         return texts
 
-    def evaluate(self, method: DriftMethod) -> dict[str, Any]:
+    def evaluate(self, method: DriftMethod, step: int = 0) -> dict[str, Any]:
         """``eval/*`` and ``eval_<set>/*`` for the current weights, and ``eval_ema/*`` (validation prompts only)
-        for the EMA weights of a method that keeps one (with ``eval.ema`` on)."""
+        for the EMA weights of a method that keeps one (with ``eval.ema`` on); ``step``: the iterations done."""
         record = {}
         for prefix, prompts in self.prompt_sets().items():
             record.update(self.evaluate_prompts(prefix, prompts, against=prefix,
-                                                perplexity_texts=self.set_texts(prefix)))
+                                                perplexity_texts=self.set_texts(prefix), step=step))
         if method.keeps_ema and self.config.eval.ema:
             with method.ema_weights():
-                record.update(self.evaluate_prompts("eval_ema", against="eval"))
+                record.update(self.evaluate_prompts("eval_ema", against="eval", step=step))
         return record
 
     def set_texts(self, prefix: str) -> list[str]:
@@ -137,9 +137,9 @@ class Evaluator:
     def test_prompts(self) -> list[str]:
         return self.task.test_prompts[:self.config.eval.num_test_prompts]
 
-    def test(self) -> dict[str, Any]:
+    def test(self, step: int = 0) -> dict[str, Any]:
         """``test/*``: the task's test split (the Translation Game's table), once, on the final weights."""
-        return self.evaluate_prompts("test", self.test_prompts(), against="test")
+        return self.evaluate_prompts("test", self.test_prompts(), against="test", step=step)
 
     def _samples(self, prompts: list[str]):
         """``(prompts, rollout, completions)`` per batch of ``prompts`` × ``eval.samples_per_prompt``, drawn with the
@@ -155,25 +155,26 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate_prompts(self, prefix: str, prompts: list[str] | None = None, against: str | None = None,
-                         perplexity_texts: list[str] | None = None) -> dict[str, Any]:
+                         perplexity_texts: list[str] | None = None, step: int = 0) -> dict[str, Any]:
         """Reward, KL to the initial model, perplexity on ``perplexity_texts`` (default: the reference texts;
         ``[]``: none), the task's metrics and, with a judge, the win rate against the initial policy's completions
-        of the same prompts (the set ``against`` names in :attr:`initial`)."""
+        of the same prompts (the set ``against`` names in :attr:`initial`). ``step``: the iterations done, for a
+        reward that reads TRL's ``trainer_state``."""
         e = self.config.eval
         if prompts is None:
             prompts = self.task.eval_prompts[:e.num_prompts]
         scores, completions, kls, all_prompts, lengths, parts, logged = [], [], [], [], [], [], []
         for chunk, rollout, texts in self._samples(prompts):
-            chunk_scores, keep = self.reward(chunk, texts, rollout)
-            parts.append(self.reward.components)
-            logged.append(self.reward.logged)
+            result = self.reward(chunk, texts, rollout, step=step)
+            parts.append(result.components)
+            logged.append(result.logged)
             logp = self.policy.score(rollout).logprobs
             with self.reference.model() as ref:
                 ref_logp = self.policy.score(rollout, ref).logprobs
             mask = rollout.response_mask.float()
             kls.append(torch.where(mask > 0, logp - ref_logp, 0.0).sum(1))
             lengths.append(rollout.response_lengths.float())
-            scores.append(chunk_scores[keep])
+            scores.append(result.scores[result.keep])
             completions.extend(texts)
             all_prompts.extend(chunk)
         prompts = all_prompts
@@ -185,8 +186,8 @@ class Evaluator:
         }
         if against in self.initial:
             if against not in self._initial_scores:
-                self._initial_scores[against] = self.judge(prompts, self.initial[against])[0]
-            now, then = self.judge(prompts, completions)[0], self._initial_scores[against]
+                self._initial_scores[against] = self.judge(prompts, self.initial[against], step=step).scores
+            now, then = self.judge(prompts, completions, step=step).scores, self._initial_scores[against]
             record[f"{prefix}/win_rate"] = float(((now > then).float() + 0.5 * (now == then).float()).mean())
         perplexity_texts = self.texts if perplexity_texts is None else perplexity_texts
         if perplexity_texts:

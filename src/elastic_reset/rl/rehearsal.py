@@ -99,7 +99,8 @@ def choose_examples(policy: Policy, reward: CheckedReward, train_prompts: Sequen
         chunk = prompts[start:start + 32]
         rollout = policy.sample(chunk, generator)
         completions = policy.decode(rollout.response_ids, rollout.response_mask)
-        scores, keep = reward(chunk, completions, rollout)
+        scored = reward(chunk, completions, rollout)
+        scores, keep = scored.scores, scored.keep
         response_ids = rollout.response_id_lists()
         for i in keep.nonzero().flatten().tolist():
             rows.append({"prompt": chunk[i], "response": completions[i],

@@ -44,7 +44,7 @@ from elastic_reset.rl.policy import (
 )
 from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
 from elastic_reset.rl.rehearsal import Rehearsal, choose_examples
-from elastic_reset.rl.reward import CheckedReward, add_logged, completion_rows, component_means
+from elastic_reset.rl.reward import CheckedReward, RewardResult, add_logged, completion_rows, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
 from elastic_reset.tasks import Task, get_task
@@ -323,11 +323,11 @@ class RLTrainer:
 
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
-        self.reward.state.global_step = self.step  # a TRL reward's trainer_state: the iterations done
-        scores, keep = self.reward(prompts, completions, rollout)
-        components = component_means([self.reward.components])
+        scored = self.reward(prompts, completions, rollout, step=self.step)
+        scores, keep = scored.scores, scored.keep
+        components = component_means([scored.components])
         if c.log_completions and self.dp.is_main:
-            self._log_completions(prompts, completions, scores, keep)
+            self._log_completions(prompts, completions, scored)
         if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
             keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
         if not keep.any():
@@ -371,7 +371,7 @@ class RLTrainer:
         else:
             kl_tok = torch.zeros_like(mask)
         seq_kl = kl_tok.sum(dim=1)
-        advantages, returns = self.estimator.advantages(self._advantage_scores(scores, keep, k), keep, mask,
+        advantages, returns = self.estimator.advantages(self._advantage_scores(scored, keep, k), keep, mask,
                                                         rollout.response_mask, kl_tok, beta, old_values)
         ended = self.policy.ended(rollout)
         # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
@@ -431,26 +431,26 @@ class RLTrainer:
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
         if self.device.type == "cuda":  # what the process has held on the GPU so far (compare --jobs sizes by it)
             record["memory/gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
-        add_logged(record, component_means([self.reward.logged]))  # last: never over a key the trainer logs
+        add_logged(record, component_means([scored.logged]))  # last: never over a key the trainer logs
         return mean_record(self.dp.gather_object(record)) if self.dp.enabled else record
 
-    def _advantage_scores(self, scores: torch.Tensor, keep: torch.Tensor, k: int) -> torch.Tensor:
+    def _advantage_scores(self, scored: RewardResult, keep: torch.Tensor, k: int) -> torch.Tensor:
         """The reward the advantages see (the logged one is the task's): its rewards normalised in their groups
         before the sum (``algo.reward_aggregation``), then clipped (``algo.reward_clip_range``)."""
         a = self.config.algo
+        scores = scored.scores
         if a.reward_aggregation == "normalize_then_sum":
-            parts = [[math.nan if v is None else v for v in values] for values in self.reward.components.values()]
+            parts = [[math.nan if v is None else v for v in values] for values in scored.components.values()]
             grouped = ops.group_normalized_sum(torch.tensor(parts, device=scores.device).T,
                                                self.task.reward_fn.weights, k)
             scores = torch.where(keep, grouped, 0.0)
         return scores if a.reward_clip_range is None else scores.clamp(*a.reward_clip_range)
 
-    def _log_completions(self, prompts: list[str], completions: list[str], scores: torch.Tensor,
-                         keep: torch.Tensor) -> None:
+    def _log_completions(self, prompts: list[str], completions: list[str], scored: RewardResult) -> None:
         """This iteration's samples into ``completions.jsonl`` and the trackers' ``completions`` table."""
         rows = completion_rows(self.step + 1, prompts, completions,
-                               [float(v) if k else None for v, k in zip(scores.tolist(), keep.tolist())],
-                               self.reward.components, self.reward.extra)
+                               [float(v) if k else None for v, k in zip(scored.scores.tolist(), scored.keep.tolist())],
+                               scored.components, scored.extra)
         for row in rows:
             self.run.completions.write(row)
         if self._open_trackers() is not None:
@@ -538,7 +538,7 @@ class RLTrainer:
     def evaluate(self) -> dict[str, Any]:
         """Validation reward, drift and task metrics, for the current weights and the method's EMA (see
         :class:`~elastic_reset.rl.evaluation.Evaluator`). Changes no training state."""
-        return self.evaluator.evaluate(self.method)
+        return self.evaluator.evaluate(self.method, self.step)
 
     # ---------------------------------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -652,9 +652,8 @@ class RLTrainer:
         """Rank 0 evaluates and logs, the others wait for it (evaluation draws its own noise: it changes no
         state). ``test``: the task's test split instead of validation."""
         record = None
-        self.reward.state.global_step = self.step
         if self.dp.is_main:
-            record = {"step": self.step, **(self.evaluator.test() if test else self.evaluate())}
+            record = {"step": self.step, **(self.evaluator.test(self.step) if test else self.evaluate())}
             self._log(record)
         self.dp.barrier()
         if not test:  # what the method's triggers see at the next iteration's end, the same on every rank
