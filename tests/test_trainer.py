@@ -583,6 +583,16 @@ def test_bad_rewards_can_be_dropped_and_counted(tmp_path):
     assert record["dropped"] == 1 and record["reward"] == 0.5
 
 
+def test_rloo_drops_the_whole_group_of_a_dropped_sample_and_reinforce_only_it(tmp_path):
+    keep = torch.tensor([True, False, True, True])
+    rloo = RLTrainer(tiny_config("algo.name=rloo", "algo.samples_per_prompt=2"), tmp_path / "rloo")
+    reinforce = RLTrainer(tiny_config("algo.name=reinforce", "algo.samples_per_prompt=2"), tmp_path / "reinforce")
+    assert rloo.estimator.kept(keep).tolist() == [False, False, True, True]
+    assert reinforce.estimator.kept(keep).tolist() == keep.tolist()
+    rloo.close()
+    reinforce.close()
+
+
 def test_empty_prompt_is_refused():
     with pytest.raises(ValueError, match=r"train_prompts\[1\] is empty"):
         Task(name="t", train_prompts=["a", " "], eval_prompts=["a"], reward_fn=lambda p, c: [0.0] * len(c),

@@ -63,6 +63,10 @@ class Estimator:
         """V(s_t) from a forward's hidden states (None without a critic)."""
         return None if self.value_head is None else self.value_head(out.hidden)
 
+    def kept(self, keep: torch.Tensor) -> torch.Tensor:
+        """Which samples enter the update, given which have a valid reward."""
+        return keep
+
     def sequence_advantages(self, seq_return: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -129,6 +133,11 @@ class Reinforce(Estimator):
 
 class RLOO(Estimator):
     """REINFORCE leave-one-out: each sample's baseline is the mean return of the other samples of its prompt."""
+
+    def kept(self, keep: torch.Tensor) -> torch.Tensor:
+        """A whole group or none: a dropped sample would poison its group's leave-one-out baseline."""
+        k = self.config.samples_per_prompt
+        return keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
 
     def sequence_advantages(self, seq_return: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         k = self.config.samples_per_prompt

@@ -328,8 +328,7 @@ class RLTrainer:
         components = component_means([scored.components])
         if c.log_completions and self.dp.is_main:
             self._log_completions(prompts, completions, scored)
-        if c.algo.name == "rloo":  # a dropped sample would poison its group's leave-one-out baseline
-            keep = keep.view(-1, k).all(dim=1, keepdim=True).expand(-1, k).reshape(-1)
+        keep = self.estimator.kept(keep)
         if not keep.any():
             raise RewardError("every sample of this batch had an invalid reward (bad_reward: drop)")
         mask = rollout.response_mask.float() * keep[:, None].float()
