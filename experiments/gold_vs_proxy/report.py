@@ -22,11 +22,11 @@ Rules (written before the grid; "A > B" means A's mean exceeds B's by more than 
 difference, sqrt(se_A² + se_B²); "A ≈ B" means neither exceeds the other so; a method enters a comparison only with
 2 finished seeds or more, added before any verdict so that a partial grid's report judges nothing: with one seed
 the SE is 0 and any difference would pass):
-(a) Elastic Reset against PPO + KL (``kl``: β 0.1, ``kl_small``: β 0.01), per proxy: ER *wins* against a β when
+(a) Elastic Reset against RLOO + KL (``kl``: β 0.1, ``kl_small``: β 0.01), per proxy: ER *wins* against a β when
     peak_gold(ER) > peak_gold(KL), or when peak_gold(ER) ≈ peak_gold(KL) and ER's final perplexity and final KL
     are both lower (>) than KL's. ER *loses* when the reverse holds. The claim *holds* when ER wins against both β
     with both proxies, *holds in part* when it wins at least once and never loses, *does not hold* otherwise.
-(b) PPO + KL against the AM over-optimises less than against the RM when drop(AM) < drop(RM) (by 2 SE) for a β
+(b) RLOO + KL against the AM over-optimises less than against the RM when drop(AM) < drop(RM) (by 2 SE) for a β
     and not drop(AM) > drop(RM) for the other: *holds* for both β, *in part* for one, *does not hold* otherwise.
     If no RM run over-optimises (mean drop below 0.02 at both β), the verdict is *not testable here*.
 (c) Selective Rehearsal lowers the alignment tax at equal gold: for each pair (``selective_rehearsal`` vs ``kl``,
@@ -217,7 +217,7 @@ def verdict(summary: dict) -> str:
     lines = ["# Gold vs proxy on IMDB (written by experiments/gold_vs_proxy/report.py)", "",
              f"Seeds {seeds}; rules in the script's docstring, fixed before the grid ran.", ""]
     for title, (outcome, rows) in (
-            ("(a) Elastic Reset reaches a higher peak gold, or the same gold at less drift, than PPO + KL",
+            ("(a) Elastic Reset reaches a higher peak gold, or the same gold at less drift, than RLOO + KL",
              verdict_a(summary)),
             ("(b) PPO against the Advantage Model over-optimises less than against the reward model",
              verdict_b(summary)),

@@ -14,8 +14,8 @@
 # reward model and the policy named in the config.
 #
 # Per-method settings (the paper's §6 and Appendix B, and what the authors' released RL4LMs fork ran):
-#  kl            PPO + KL, beta 0.1, adaptive (target 0.5): the paper's PPO baseline
-#  kl_small      PPO + KL, beta 0.01: a smaller beta (paper Fig. 12: the frontier depends on beta); fixed
+#  kl            RLOO + KL (the config's algo.name), beta 0.1, adaptive (target 0.5): the paper's baseline, which ran PPO
+#  kl_small      RLOO + KL, beta 0.01: a smaller beta (paper Fig. 12: the frontier depends on beta); fixed
 #                (KL_SMALL_TARGET=null, the toy grid) or adaptive like kl (the 135M grid: 0.5)
 #  elastic_reset authors' code: beta 0.001 (target 1.0), decay 0.995, EMA updated once per iteration, KL
 #                reference = the EMA, reset every 17 iterations

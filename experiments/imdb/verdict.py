@@ -1,4 +1,4 @@
-"""Does Elastic Reset Pareto-dominate PPO + KL? The verdict of an IMDB grid, by rules fixed before it ran (issue 36).
+"""Does Elastic Reset Pareto-dominate RLOO + KL? The verdict of an IMDB grid, by rules fixed before it ran (issue 36).
 
     .venv/bin/python experiments/imdb/verdict.py experiments/imdb/results/135m     # writes experiments/imdb/results/135m/verdict.md
 
@@ -12,9 +12,10 @@ Rules (the reward-model verdict's habits: means ± SE over seeds, frontiers over
   way up B's own frontier range (a mean frontier spans the reward levels every seed reached, so one stalled
   seed shortens it). *Is dominated*: the same with A and B swapped. Anything else is a *trade-off*, described by
   the numbers; with no shared range, *no comparison*.
-- The paper's claim (§6: Elastic Reset reaches a better reward-drift frontier than PPO + KL) *holds* when Elastic
-  Reset (the authors' code, ``elastic_reset``) Pareto-dominates PPO + KL at both β (``kl``, ``kl_small``), *holds
-  in part* when it dominates one and is dominated by neither, and *does not hold* otherwise.
+- The paper's claim (§6: Elastic Reset reaches a better reward-drift frontier than PPO + KL; here the KL baseline
+  runs RLOO) *holds* when Elastic Reset (the authors' code, ``elastic_reset``) Pareto-dominates RLOO + KL at both β
+  (``kl``, ``kl_small``), *holds in part* when it dominates one and is dominated by neither, and *does not hold*
+  otherwise.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ OTHERS = ("er_paper", "reset_to_init", "reset_to_ema", "nlpo")
 def verdict(summary: dict) -> str:
     methods = summary["methods"]
     seeds = sorted({s for entry in methods.values() for s in entry["seeds"]})
-    lines = ["# Elastic Reset against PPO + KL on IMDB (written by experiments/imdb/verdict.py)", "",
+    lines = ["# Elastic Reset against RLOO + KL on IMDB (written by experiments/imdb/verdict.py)", "",
              f"Seeds {seeds}; rules in the script's docstring, fixed before the grid ran.", ""]
     outcomes = {}
     for b in (*BASELINES, *OTHERS):
@@ -49,7 +50,7 @@ def verdict(summary: dict) -> str:
         claim = "holds in part"
     else:
         claim = "does not hold"
-    lines += ["", f"**The paper's claim (Elastic Reset Pareto-dominates PPO + KL) {claim} at this scale**: it "
+    lines += ["", f"**The paper's claim (Elastic Reset Pareto-dominates RLOO + KL) {claim} at this scale**: it "
               f"dominates {', '.join(dominated) or 'neither β'}"
               + (f" and is dominated by {', '.join(lost)}" if lost else "") + "."]
     return "\n".join(lines) + "\n"
