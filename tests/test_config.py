@@ -128,8 +128,10 @@ def test_set_inside_a_value_that_is_not_a_section_is_named():
     assert refused("steps.x=1", data={"steps": 3}) == "--set 'steps.x=1': steps is not a section"
 
 
-def test_set_without_equals_sign_is_refused():
+def test_set_without_equals_sign_or_key_is_refused_naming_set():
     assert refused("algo.lr").startswith("--set 'algo.lr': expected key=value")
+    assert refused("=5").startswith("--set '=5': expected key=value with a dotted key")
+    assert refused("algo..lr=5").startswith("--set 'algo..lr=5': expected key=value with a dotted key")
 
 
 def test_every_error_is_reported_one_per_line():

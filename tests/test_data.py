@@ -180,3 +180,15 @@ def test_json_lines_name_the_file_and_line_of_a_bad_one():
         list(json_objects(['{"a": 1}', "{oops"], "f.jsonl"))
     with pytest.raises(DataFileError, match=r"^f\.jsonl:1: expected a JSON object, got list$"):
         list(json_objects(["[1, 2]"], "f.jsonl"))
+
+
+def test_a_preference_file_that_is_not_utf8_or_not_gzip_is_one_line_naming_it(tmp_path):
+    good = '{"prompt": "p", "chosen": "a", "rejected": "b"}\n'
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes((good * 3).encode() + '{"prompt": "café", "chosen": "a", "rejected": "b"}\n'.encode("latin-1"))
+    with pytest.raises(DataFileError, match=r"latin.jsonl: not UTF-8 text after line \d+ .*save the file as UTF-8"):
+        preferences.read_pairs(latin)
+    fake = tmp_path / "pairs.jsonl.gz"
+    fake.write_text(good)
+    with pytest.raises(DataFileError, match=r"pairs.jsonl.gz: not a readable gzip file"):
+        preferences.read_pairs(fake)

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from elastic_reset.cli import main
-from elastic_reset.errors import ReportError
+from elastic_reset.errors import ReportError, TornRecordWarning
 from elastic_reset.io import read_metrics
 from elastic_reset.evaluation.figures import drift_scale, plot_curves, plot_pareto
 from elastic_reset.evaluation.runs import group_runs, load_run
@@ -118,7 +118,8 @@ def test_load_run_tolerates_a_torn_last_line_of_a_run_being_written(fake_runs):
     path = fake_runs / "bad" / "seed0" / "metrics.jsonl"
     with open(path, "a") as f:
         f.write('{"step": 10, "eval/rew')
-    assert load_run(path.parent).steps[-1] == 8
+    with pytest.warns(TornRecordWarning, match=r"bad/seed0/metrics.jsonl:\d+: the last line is not a whole JSON"):
+        assert load_run(path.parent).steps[-1] == 8
 
 
 def test_load_run_errors_name_the_file(tmp_path, fake_runs, capsys):

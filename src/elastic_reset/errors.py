@@ -30,6 +30,10 @@ class RunRecoveryWarning(UserWarning):
     """A run directory was not clean (a lost pointer, temp files of a killed save, ...) and was recovered."""
 
 
+class TornRecordWarning(UserWarning):
+    """A ``metrics.jsonl`` whose last line is not a whole record (a run writing it, or stopped mid-line): left out."""
+
+
 class DataFileError(ElasticResetError, ValueError):
     """An input data file is missing fields or malformed. The message names the file and line."""
 

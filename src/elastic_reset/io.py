@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from elastic_reset.errors import DirectoryInUseError, RunFileError, RunRecoveryWarning
+from elastic_reset.errors import DirectoryInUseError, RunFileError, RunRecoveryWarning, TornRecordWarning
 
 # Every temporary name starts with "." and contains this marker, so stale ones can be found (and only they).
 _TMP = ".tmp-"
@@ -130,10 +130,17 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 # -------------------------------------------------------------------------------------------- metrics.jsonl
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, warn_torn: bool = False) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``. A torn *last* line is what a crash (or a run still being written)
-    leaves, and is skipped; a bad line anywhere else means the file was damaged, and raises naming the line."""
+    leaves, and is skipped (``warn_torn``: with a :class:`TornRecordWarning` naming file and line, for a reader
+    that reports the run); a bad line anywhere else means the file was damaged, and raises naming the line."""
     path = Path(path)
+
+    def torn(i: int) -> None:
+        if warn_torn:
+            warnings.warn(f"{path}:{i}: the last line is not a whole JSON record (a run still writing it, or one "
+                          "stopped mid-line); it is left out", TornRecordWarning, stacklevel=3)
+
     with open_regular(path) as f:
         lines = f.read().splitlines()
     records = []
@@ -142,6 +149,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
             if i == len(lines):
+                torn(i)
                 break
             raise RunFileError(f"{path}:{i}: not UTF-8 text (the file is damaged; restore it from a copy, or "
                                "start the run again in a new directory)") from None
@@ -151,6 +159,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
             if i == len(lines):
+                torn(i)
                 break
             raise RunFileError(f"{path}:{i}: not a JSON record (the file is damaged; restore it from a copy, or "
                                "start the run again in a new directory)") from None

@@ -193,7 +193,7 @@ def load_run(run_dir: str | Path, *, method: str | None = None, drift: str | Non
         if not method:
             raise ReportError(f"{config_path}: has no method.name")
 
-    records = read_metrics(metrics_path)
+    records = read_metrics(metrics_path, warn_torn=True)
     has_ema = any("eval_ema/reward" in r for r in records)
     if weights == "ema" and not has_ema:
         raise ReportError(f"{metrics_path}: has no eval_ema/* records (the method keeps no EMA, or eval.ema "

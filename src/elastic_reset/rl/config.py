@@ -674,6 +674,8 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {short(item)}: expected key=value")
     key, raw = item.split("=", 1)
     path = key.strip().split(".")
+    if not all(part.strip() for part in path):
+        raise ConfigError(f"--set {short(item)}: expected key=value with a dotted key (e.g. algo.lr=1e-5)")
     try:
         value = parse_value(raw) if raw.strip() else None
     except Refused as err:
