@@ -373,6 +373,12 @@ def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
     assert evaluate_pairs(model, toy_pairs(32, seed=5), tokenizer, 96)["accuracy"] > 0.9
     with pytest.raises(FileExistsError, match="already there"):
         train_reward_model(config, tmp_path / "rm", progress=False, log=lambda _: None)
+    # A saved config edited by hand with an unknown key is one line naming the file and the key.
+    saved = json.loads((tmp_path / "rm" / "reward_model.json").read_text())
+    saved["config"]["learning_rat"] = 1.0
+    (tmp_path / "rm" / "reward_model.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"reward_model.json: config.learning_rat: unknown key \(known: "):
+        load_reward_model(tmp_path / "rm")
 
 
 @pytest.mark.parametrize("group_by_length", [False, True])

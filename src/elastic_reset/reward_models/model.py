@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -225,8 +225,19 @@ def load_reward_model(path: str | Path):
     path = Path(path)
     if not (path / SETTINGS).is_file():
         raise FileNotFoundError(f"{path}: no {SETTINGS}; train one with `elastic-reset reward-model train`")
-    settings = json.loads((path / SETTINGS).read_text())
-    config = RewardModelConfig(**{**settings["config"], "split": tuple(settings["config"]["split"])})
+    where = path / SETTINGS
+    try:
+        settings = json.loads(where.read_text(encoding="utf-8"))
+        saved = dict(settings["config"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: not the settings `reward-model train` writes ({type(err).__name__})") from None
+    known = {f.name for f in fields(RewardModelConfig)}
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        raise ConfigError(f"{where}: config.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    if "split" in saved:
+        saved["split"] = tuple(saved["split"])
+    config = RewardModelConfig(**saved)
     model, tokenizer = build_model(config)
     state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
     expected = set(trained_state(model))
