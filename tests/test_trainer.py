@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -555,6 +556,16 @@ def test_existing_run_dir_needs_resume_and_same_config(tmp_path):
         RLTrainer(tiny_config("algo.lr=0.1"), tmp_path, resume=True)
     trainer = RLTrainer(tiny_config("steps=4"), tmp_path, resume=True)  # extending a run is allowed
     assert trainer.step == 3 and [r["step"] for r in trainer.train()] == [4]
+
+
+def test_resume_on_another_models_checkpoint_is_one_line_naming_file_and_tensor(tmp_path):
+    RLTrainer(tiny_config("checkpoint_every=2", "steps=2"), tmp_path / "a").train()
+    RLTrainer(tiny_config("checkpoint_every=2", "steps=2", "model.tiny_hidden=32"), tmp_path / "b").train()
+    theirs = tmp_path / "b" / "checkpoints" / "step_0000002.pt"
+    shutil.copyfile(theirs, tmp_path / "a" / "checkpoints" / "step_0000002.pt")
+    with pytest.raises(RunFileError, match=r"step_0000002.pt: model.embed_tokens.weight has shape \(259, 32\) "
+                                           r"there but \(259, 64\) in this model; it is not this run's"):
+        RLTrainer(tiny_config("checkpoint_every=2", "steps=4"), tmp_path / "a", resume=True)
 
 
 # ----------------------------------------------------------------------------------------------- bad input

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from transformers import get_scheduler
 
-from elastic_reset.errors import ConfigError, ElasticResetError, NonFiniteError, RewardError, first_line
+from elastic_reset.errors import (ConfigError, ElasticResetError, NonFiniteError, RewardError, RunFileError,
+                                  first_line)
 from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, use_fp32_attention
 from elastic_reset.lm.device import autocast_dtype, resolve_device
 from elastic_reset.lm.rollout import Rollout
@@ -48,6 +49,10 @@ from elastic_reset.rl.reward import CheckedReward, RewardResult, add_logged, com
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
 from elastic_reset.tasks import Task, get_task
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint's tensors that do not fit the model being resumed."""
 
 
 class RLTrainer:
@@ -82,7 +87,7 @@ class RLTrainer:
                 found = self.run.checkpoint_to_resume()
                 self.dp.barrier()  # the other ranks read metrics.jsonl above: not while rank 0 rewrites it
                 if found is not None:
-                    self.load_state_dict(found[1])
+                    self._resume_from(*found)
             self.run.write_config(self.task.name, self.task.score_key, self.task.drift_key)
             if self.rehearsal is not None and self.dp.is_main:
                 self.rehearsal.save(self.out_dir / REHEARSAL_FILE)
@@ -568,10 +573,23 @@ class RLTrainer:
                 {key: state[key] for key in ("generator", "torch_rng", "python_rng")})
         return state
 
+    def _resume_from(self, path: Path, state: dict[str, Any]) -> None:
+        """:meth:`load_state_dict` of the checkpoint ``path``; one that is another model's is named, in one line."""
+        try:
+            self.load_state_dict(state)
+        except CheckpointMismatch as err:
+            raise RunFileError(f"{path}: {err}; it is not this run's checkpoint (restore the run's own, or start "
+                               "it again in a new directory)") from None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = dict(trainable_named_parameters(self.model))
         if set(params) != set(state["trainable"]):
-            raise ValueError("checkpoint: its trainable parameters do not match this model's")
+            raise CheckpointMismatch("its trainable parameters do not match this model's "
+                                     f"({len(state['trainable'])} saved, {len(params)} here)")
+        for name, tensor in state["trainable"].items():
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise CheckpointMismatch(f"{name} has shape {tuple(tensor.shape)} there but "
+                                         f"{tuple(params[name].shape)} in this model")
         with torch.no_grad():
             for name, tensor in state["trainable"].items():
                 params[name].copy_(tensor)
