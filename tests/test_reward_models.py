@@ -24,7 +24,7 @@ from elastic_reset.data.preferences import (
     split_by_prompt,
     split_hh_dialogue,
 )
-from elastic_reset.errors import ConfigError, DataFileError
+from elastic_reset.errors import ConfigError, DataFileError, RunFileError
 from elastic_reset.reward_models.calibration import calibration, clustered_accuracy_se
 from elastic_reset.reward_models.losses import advantage, advantage_model_loss, bradley_terry_loss
 from conftest import SHARED_DATA
@@ -378,6 +378,14 @@ def test_train_writes_a_model_that_loads_back_with_the_same_scores(tmp_path):
     saved["config"]["learning_rat"] = 1.0
     (tmp_path / "rm" / "reward_model.json").write_text(json.dumps(saved))
     with pytest.raises(ConfigError, match=r"reward_model.json: config.learning_rat: unknown key \(known: "):
+        load_reward_model(tmp_path / "rm")
+    # Weights that hold a pickled object are refused without running it, in one line.
+    del saved["config"]["learning_rat"]
+    (tmp_path / "rm" / "reward_model.json").write_text(json.dumps(saved))
+    import datetime
+
+    torch.save({"planted": datetime.datetime(2020, 1, 1)}, tmp_path / "rm" / "trained.pt")
+    with pytest.raises(RunFileError, match=r"trained.pt: does not load \(it holds a pickled object \(datetime"):
         load_reward_model(tmp_path / "rm")
 
 

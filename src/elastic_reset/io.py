@@ -13,6 +13,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickle
+import re
 import shutil
 import stat
 import tempfile
@@ -130,6 +132,20 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 # -------------------------------------------------------------------------------------------- metrics.jsonl
+def load_failure(err: Exception) -> tuple[str, str]:
+    """(a short reason, a one-line reason) of a ``torch.load(..., weights_only=True)`` that failed: a file holding a
+    pickled object is named as that (refused, never run), not with torch's advice to allow-list it."""
+    text = " ".join(str(err).split())
+    if isinstance(err, pickle.UnpicklingError) and text.startswith("Weights only load failed"):
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            return (f"refused: it holds a pickled {found.group(1)}",
+                    f"it holds a pickled object ({found.group(1)}), not only tensors and plain data; refused "
+                    "without running it")
+        return "not a checkpoint", "not a file torch.save wrote, or a damaged one"
+    return type(err).__name__, text[:200]
+
+
 def read_metrics(path: str | Path, warn_torn: bool = False) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``. A torn *last* line is what a crash (or a run still being written)
     leaves, and is skipped (``warn_torn``: with a :class:`TornRecordWarning` naming file and line, for a reader

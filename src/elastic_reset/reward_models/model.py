@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from elastic_reset.errors import ConfigError
+from elastic_reset.errors import ConfigError, RunFileError
+from elastic_reset.io import load_failure
 from elastic_reset.lm.pooling import mean_pool
 from elastic_reset.reward_models.losses import AM_MARGIN
 
@@ -239,7 +241,10 @@ def load_reward_model(path: str | Path):
         saved["split"] = tuple(saved["split"])
     config = RewardModelConfig(**saved)
     model, tokenizer = build_model(config)
-    state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    try:  # tensors and plain data only: unpickling anything else could run code planted in the file
+        state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise RunFileError(f"{path / WEIGHTS}: does not load ({load_failure(err)[1]})") from None
     expected = set(trained_state(model))
     if set(state) != expected:
         raise ValueError(f"{path / WEIGHTS}: its tensors do not match a {config.backbone} "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pickle
 import re
 import warnings
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 import torch
 
 from elastic_reset.errors import RunRecoveryWarning
-from elastic_reset.io import RunFileError, atomic_write, not_regular, open_regular, read_pointer, write_pointer
+from elastic_reset.io import (RunFileError, atomic_write, load_failure, not_regular, open_regular, read_pointer,
+                              write_pointer)
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
@@ -99,20 +99,6 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
     return path
 
 
-def _load_failure(err: Exception) -> tuple[str, str]:
-    """(a short reason for the error list, a one-line reason for the warning) of a checkpoint that does not load."""
-    text = " ".join(str(err).split())
-    if isinstance(err, pickle.UnpicklingError) and text.startswith("Weights only load failed"):
-        # torch's message would suggest allow-listing the object, the opposite of what is safe here: say what it is.
-        found = re.search(r"GLOBAL ([\w.]+)", text)
-        if found:
-            return (f"refused: it holds a pickled {found.group(1)}",
-                    f"it holds a pickled object ({found.group(1)}), not only tensors and plain data; refused "
-                    "without running it")
-        return "not a checkpoint", "not a file torch.save wrote, or a damaged one"
-    return type(err).__name__, text[:200]
-
-
 def _read(path: Path) -> Any:
     with open_regular(path) as f:
         # Tensors and plain data only: unpickling anything else could run code planted in the file.
@@ -130,7 +116,7 @@ def read_state(path: Path) -> dict[str, Any]:
     try:
         state = _read(path)
     except Exception as err:  # a torn or foreign file: any unpickling error
-        raise RunFileError(f"{path}: does not load ({_load_failure(err)[1]})") from None
+        raise RunFileError(f"{path}: does not load ({load_failure(err)[1]})") from None
     if not _is_state_of(state, path):
         raise RunFileError(f"{path}: not this project's checkpoint of step {checkpoint_step(path)}")
     return state
@@ -167,7 +153,7 @@ def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             state = _read(path)
         except Exception as err:  # a torn or foreign file: any unpickling error
-            short, why = _load_failure(err)
+            short, why = load_failure(err)
             failures.append(f"{path.name} ({short})")
             warnings.warn(f"{path}: does not load ({why}); trying an older checkpoint", RunRecoveryWarning,
                           stacklevel=2)
