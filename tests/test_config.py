@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -404,6 +405,14 @@ def test_tiny_model_width_that_does_not_split_into_heads_is_refused(overrides, m
     message = refused(*overrides)
     assert message.startswith(f"model.tiny_hidden: {name} has 4 attention heads")
     assert message.endswith(f"so it must be a multiple of {multiple}, got {overrides[-1].split('=')[1]}")
+
+
+def test_a_tiny_model_too_large_to_train_here_is_refused_before_it_is_built():
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert refused("model.tiny_hidden=200000").endswith(f"GiB to train, more than this machine's {memory:.0f} GiB "
+                                                        "of memory")
+    assert refused("model.tiny_layers=100000", "model.tiny_hidden=512").startswith(
+        "model.tiny_hidden: tiny-llama at width 512 and 100000 layer(s)")
 
 
 @pytest.mark.parametrize("overrides", [["model.tiny_hidden=16"], ["model.name=tiny-gpt2", "model.tiny_hidden=12"],

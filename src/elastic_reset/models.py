@@ -204,8 +204,17 @@ TINY_HEADS = 4
 """Attention heads of the tiny models (``tiny-llama`` shares each key/value head between two of them)."""
 
 
-def check_tiny_size(name: str, hidden: int) -> None:
-    """Refuse a width ``hidden`` (``model.tiny_hidden``) that the tiny model ``name`` cannot be built with."""
+def check_tiny_size(name: str, hidden: int, layers: int = 2, vocab_size: int = 259) -> None:
+    """Refuse a width ``hidden`` (``model.tiny_hidden``) that the tiny model ``name`` cannot be built with, and a
+    size whose training would not fit this machine's memory (before anything is allocated)."""
+    # ~10·h² weights a layer (attention 4h², MLP 3·h·2h for llama, 8h² for gpt2's 4h MLP), the embedding vocab·h;
+    # training holds each weight ~6 times in fp32 (weight, grad, Adam's two moments, the EMA and θ0).
+    params = layers * 10 * hidden ** 2 + vocab_size * hidden
+    need, have = 6 * 4 * params, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(f"model.tiny_hidden: {name} at width {hidden} and {layers} layer(s) has ~{params:.2g} "
+                          f"weights, ~{need / 2**30:.0f} GiB to train, more than this machine's "
+                          f"{have / 2**30:.0f} GiB of memory")
     if name == "tiny-llama":
         # Rotary embeddings rotate pairs of dimensions: each head needs an even size.
         multiple, why = 2 * TINY_HEADS, f"{TINY_HEADS} attention heads of an even size (rotary embeddings)"

@@ -559,7 +559,7 @@ def _check_rules(config: TrainConfig) -> None:
     if config.model.name in ("tiny-llama", "tiny-gpt2"):
         from elastic_reset.models import check_tiny_size  # imported here: it brings torch
 
-        check_tiny_size(config.model.name, config.model.tiny_hidden)
+        check_tiny_size(config.model.name, config.model.tiny_hidden, config.model.tiny_layers)
 
 
 # ------------------------------------------------------------------------------------------ building from dicts
