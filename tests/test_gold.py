@@ -188,6 +188,7 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
             gold = [1 / (1 + math.exp(-x)) for x in log_odds]
             assert record[f"{name}/gold"] == pytest.approx(sum(gold) / len(gold))
         assert "eval/perplexity" in record and "eval_forget/perplexity" not in record
+        assert 0 <= record["eval/proxy_gold_agreement"] <= 1 and "eval_forget/proxy_gold_agreement" in record
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):
         get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(tmp_path / "none"))
@@ -214,6 +215,26 @@ def test_the_gold_scores_an_evaluation_once_for_the_judge_and_the_metrics():
     assert len(calls) == 1  # the metrics read the judge's scores of the same texts
     gold.judge(prompts, ["bad", "bad"])
     assert len(calls) == 2 and gold.metrics(prompts, completions)["gold_log_odds"] == -1.5 and len(calls) == 3
+
+
+def test_proxy_gold_agreement_is_the_share_of_gold_ordered_pairs_the_proxy_orders_alike():
+    from elastic_reset.rewards.gold import pairwise_agreement
+    from elastic_reset.tasks.imdb_gold import GoldScores
+
+    assert pairwise_agreement([1, 2, 3], [10, 20, 30]) == 1.0 and pairwise_agreement([3, 2, 1], [10, 20, 30]) == 0.0
+    # gold pairs (0,1) (0,2) (1,2) with (1,2) a gold tie left out; proxy agrees on (0,1), ties on (0,2)
+    assert pairwise_agreement([0.0, 1.0, 0.0], [0.0, 5.0, 5.0]) == 0.75
+    assert math.isnan(pairwise_agreement([1.0], [2.0]))
+
+    class FakeGold:
+        def texts(self, prompts, completions):
+            return [p + c for p, c in zip(prompts, completions)]
+
+        def log_odds(self, texts):
+            return [float(len(t)) for t in texts]
+
+    scores = GoldScores(FakeGold(), proxy=lambda prompts, completions: [-float(len(c)) for c in completions])
+    assert scores.metrics(["a", "b"], ["x", "yy"])["proxy_gold_agreement"] == 0.0  # the proxy reverses the gold
 
 
 def test_the_gao_fit_recovers_its_coefficients_and_peak():

@@ -38,6 +38,21 @@ def sigmoid(x: float) -> float:
     return math.exp(x) / (1.0 + math.exp(x))
 
 
+def pairwise_agreement(proxy: Sequence[float], gold: Sequence[float]) -> float:
+    """The share of pairs of samples the gold orders (ties in the gold left out) that ``proxy`` orders the same way,
+    a proxy tie counting half: the proxy's ranking accuracy on these samples (the "reward accuracy" that Ackermann
+    et al. 2026 tie to the gradient norm). NaN with fewer than two gold-ordered samples."""
+    agree = pairs = 0.0
+    for i in range(len(gold)):
+        for j in range(i + 1, len(gold)):
+            if gold[i] == gold[j]:
+                continue
+            pairs += 1
+            d = (proxy[i] - proxy[j]) * (gold[i] - gold[j])
+            agree += 1.0 if d > 0 else 0.5 if d == 0 else 0.0
+    return agree / pairs if pairs else math.nan
+
+
 def bradley_terry_labels(gold_a: Sequence[float], gold_b: Sequence[float], temperature: float,
                          seed: int) -> list[bool]:
     """For each pair, whether ``a`` is preferred, drawn with P(a ≻ b) = σ((g_a − g_b) / T): T → 0 is the gold's

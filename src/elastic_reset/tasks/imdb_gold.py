@@ -5,6 +5,7 @@ Advantage Model) learned from pairs the gold labelled (``elastic-reset build gol
 
 - ``eval/gold``, ``eval/gold_log_odds``: the gold's P(positive) and log-odds of the policy's continuations;
 - ``eval/win_rate``: the share of prompts where the gold prefers the policy's continuation to the initial policy's;
+- ``eval/proxy_gold_agreement``: the proxy's pairwise ranking accuracy against the gold on those continuations;
 - ``eval_forget/*``: the same on WikiText-2 paragraph openings, prompts unlike the RL prompts, where forgetting
   shows (paper 2, Peng et al. §4.3: the alignment tax).
 
@@ -18,17 +19,20 @@ from pathlib import Path
 from elastic_reset.data.imdb import task_splits
 from elastic_reset.data.wikitext import paragraph_prompts
 from elastic_reset.errors import ConfigError
-from elastic_reset.rewards.gold import sigmoid
+from elastic_reset.rewards.gold import pairwise_agreement, sigmoid
 from elastic_reset.tasks.base import Task, register_task
 
 
 class GoldScores:
     """The gold's scores of one evaluation, computed once for its two uses: :meth:`judge` (the win rate's score,
-    the log-odds: the same order as P(positive)) and :meth:`metrics` (``gold``, ``gold_log_odds``). The evaluator
-    judges a set's completions and then asks for its metrics on the same texts, so the last result is kept."""
+    the log-odds: the same order as P(positive)) and :meth:`metrics` (``gold``, ``gold_log_odds`` and, given the
+    ``proxy``, ``proxy_gold_agreement``: the proxy's pairwise ranking accuracy against the gold on the policy's own
+    samples). The evaluator judges a set's completions and then asks for its metrics on the same texts, so the
+    last result is kept."""
 
-    def __init__(self, gold):
+    def __init__(self, gold, proxy=None):
         self.gold = gold
+        self.proxy = proxy
         self._last: tuple[tuple[str, ...], list[float]] | None = None
 
     def log_odds(self, prompts: list[str], completions: list[str]) -> list[float]:
@@ -42,8 +46,11 @@ class GoldScores:
 
     def metrics(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
         log_odds = self.log_odds(prompts, completions)
-        return {"gold": sum(sigmoid(x) for x in log_odds) / len(log_odds),
-                "gold_log_odds": sum(log_odds) / len(log_odds)}
+        out = {"gold": sum(sigmoid(x) for x in log_odds) / len(log_odds),
+               "gold_log_odds": sum(log_odds) / len(log_odds)}
+        if self.proxy is not None:  # scored again here: the evaluator keeps the reward's scores to itself
+            out["proxy_gold_agreement"] = pairwise_agreement(list(self.proxy(prompts, completions)), log_odds)
+        return out
 
 
 @register_task("imdb_gold")
@@ -66,12 +73,13 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
         raise FileNotFoundError(f"task.options.reward_model: no reward model at {reward_model}")
     gold_path = imdb_classifier(gold, "task.options.gold")
     data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test)
-    gold_scores = GoldScores(SentimentReward(gold_path))
+    proxy = PreferenceModelReward(reward_model, batch_size=reward_batch_size)
+    gold_scores = GoldScores(SentimentReward(gold_path), proxy)
     return Task(
         name="imdb_gold",
         train_prompts=data.train_prompts,
         eval_prompts=data.eval_prompts,
-        reward_fn=PreferenceModelReward(reward_model, batch_size=reward_batch_size),
+        reward_fn=proxy,
         reference_texts=data.reference_texts,
         pretrain_texts=data.pretrain_texts,
         test_prompts=data.test_prompts,
