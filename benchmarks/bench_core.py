@@ -1,5 +1,4 @@
-"""Cost of Elastic Reset, and of each anchor preset (issue 38), relative to one training step of SmolLM2-135M
-(issue 2).
+"""Cost of Elastic Reset, and of each anchor preset, relative to one training step of SmolLM2-135M.
 
 Measures, on the CPU, with a fixed number of torch threads:
 
@@ -328,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {total_s:.0f} s; load average before {load_before}, after {load_after}")
 
     record = {
-        "benchmark": "elastic_reset core overhead vs one SmolLM2-135M train step (issue 2)",
+        "benchmark": "elastic_reset core overhead vs one SmolLM2-135M train step",
         "command": " ".join(["python", *sys.argv]) if argv is None else None,
         "date": started.isoformat(timespec="seconds"),
         "machine": info,

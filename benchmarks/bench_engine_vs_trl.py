@@ -1,6 +1,6 @@
 """One RL training step of our engine against TRL 1.16's ``GRPOTrainer``, for the same work, in one process.
 
-The work per step (issue 3): SmolLM2-135M-Instruct + LoRA (r=16, α=32, q_proj/v_proj, no dropout), 16 completions
+The work per step: SmolLM2-135M-Instruct + LoRA (r=16, α=32, q_proj/v_proj, no dropout), 16 completions
 of exactly 32 new tokens (EOS suppressed until then: ``min_new_tokens = max_new_tokens = 32`` on both sides),
 VADER positivity reward, prompts from the ``vader`` task, a KL penalty of 0.05 against the adapter-disabled model
 (so both sides run a reference forward), one optimizer step, 2 torch threads.
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where both sides run (default cpu; on cuda, bf16 rows are mixed precision on the GPU)")
     parser.add_argument("--cuda-graphs", action="store_true",
-                        help="our rows decode through captured CUDA graphs (sampling.cuda_graphs; issue 40)")
+                        help="our rows decode through captured CUDA graphs (sampling.cuda_graphs)")
     parser.add_argument("--compile", action="store_true",
                         help="with --cuda-graphs: the steps compiled before capture (sampling.compile; the "
                              "compilation falls in the warm-up step)")

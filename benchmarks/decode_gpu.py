@@ -12,7 +12,7 @@ run keeps the first ones):
   GPU's own time per token step against the step's wall time, and the kernels that take it.
 - ``hf``: Hugging Face ``generate`` (what TRL's GRPOTrainer samples with), this engine eager, and a bare forward loop.
 
-    python benchmarks/decode_gpu.py                     # needs CUDA; BENCHMARKS.md, issue 40
+    python benchmarks/decode_gpu.py                     # needs CUDA; BENCHMARKS.md
     python benchmarks/decode_gpu.py --device cpu --layers 2 --parts graphs   # a smoke run of the script
 """
 import argparse

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What a GPU lease runs for issue 40, prepared so that its minutes go on the checks, not on set-up. A device call
+# What a GPU lease runs for the CUDA-graph decoding checks, prepared so that its minutes go on the checks, not on
+# set-up. A device call
 # runs at most 10 minutes and a lease has 15 (a machine starts in ~30 s and stays warm ~30 s between calls). On an
-# H100 (session 32) tests took ~30 s, decode over 80 s, trl ~60 s a row pair, jobs 70-100 s an N at 60 iterations;
+# H100 tests took ~30 s, decode over 80 s, trl ~60 s a row pair, jobs 70-100 s an N at 60 iterations;
 # with the time limits below, one call holds four stages (310 s):
 #   STAGES="tests decode trl jobs" T_TESTS=150 T_DECODE=80 T_TRL=95 T_JOBS=70 bash benchmarks/gpu_session.sh
-# Session 34 measured the merged weights and the compiled steps in one call (tests 40 s, decode ~150 s, trl three
+# One lease measured the merged weights and the compiled steps in one call (tests 40 s, decode ~150 s, trl three
 # modes ~80 s each: 291 s) of
 #   STAGES="tests decode trl" T_TESTS=80 T_DECODE=190 T_TRL=95 bash benchmarks/gpu_session.sh
 # The next lease: time to a held-out reward (ttr, below: two calls, ~9 min of the 15).
@@ -20,15 +21,15 @@
 # 94 MB as GGUF, are over what a call carries, so its config and tokenizer travel and the weights are random.)
 # The stage ttr needs the real weights: the GGUF (98 MB), gzipped (93 MB), travels in two parts, carried by two calls
 # on one warm machine. Each call's tree (~8 MB tracked) + carried paths must stay under 64 MiB: part 1 (36 MB) travels
-# with .whl (22 MB), part 2 (57 MB) alone. A carried folder need not stay for the next call (session 38: .gg1 was
-# gone from the tree, /tmp kept), so this script keeps part 1 and the installed wheels in /tmp. Made here once:
+# with .whl (22 MB), part 2 (57 MB) alone. A carried folder need not stay for the next call, so this script keeps
+# part 1 and the installed wheels in /tmp. Made here once:
 #   printf '/.gg1/\n/.gg2/\n' >> .git/info/exclude && mkdir -p .gg1 .gg2
 #   f=$(.venv/bin/python -c "from elastic_reset.models import smollm2_gguf_path as p; print(p())")
 #   gzip -9 -c "$f" > /tmp/gguf.gz && head -c 36000000 /tmp/gguf.gz > .gg1/part
 #   tail -c +36000001 /tmp/gguf.gz > .gg2/part && sha256sum < "$f" | cut -c1-64 > .gg2/sha
 # then: call 1 carries .whl and .gg1 (STAGES="" only installs and keeps), call 2 carries .gg2 alone (STAGES=ttr,
 # ~6 min on an H100; T_TTR caps each of its 3 seeds), call 3, if the lease has minutes left, STAGES="tests jobs".
-# Session 38 ran STAGES=ttr T_TTR=175 (344 s), then STAGES="tests jobs" T_TESTS=90 T_JOBS=100 (222 s).
+# A later lease ran STAGES=ttr T_TTR=175 (344 s), then STAGES="tests jobs" T_TESTS=90 T_JOBS=100 (222 s).
 #
 #  tests   the CUDA tests (pytest -m cuda): graph-captured decoding against eager, in-place updates seen by the
 #          graphs, the engine through graphs, the earlier CUDA tests

@@ -1,7 +1,7 @@
 """Does it learn, and how fast, against an implementation nobody here wrote? TRL's ``GRPOTrainer`` and this
 engine on the same task, model, LoRA, sample budget and learning rate, judged by one held-out evaluation.
 
-The work (issue 9, item 2): SmolLM2-135M-Instruct + LoRA (r=16, α=32, q_proj/v_proj, no dropout), the ``vader``
+The work: SmolLM2-135M-Instruct + LoRA (r=16, α=32, q_proj/v_proj, no dropout), the ``vader``
 task (reward: VADER positivity of the continuation), 4 prompts × 4 completions of exactly 24 new tokens per
 optimizer step, one optimizer step per rollout, no KL penalty (β = 0 on both sides: this measures learning, not
 drift; neither side computes reference log-probs then), constant learning rate (TRL's default linear decay is
@@ -126,7 +126,7 @@ class HeldOut:
 def fp32_attention_while(model, dtype):
     """Under bf16 on a CPU our trainer runs attention in fp32 (``use_fp32_attention``) and TRL's model in bf16, so,
     each evaluated as it trains, the two rows' held-out samples would differ from step 0 although both models
-    compute the same function there (session 19's Xeon: 0.551 vs 0.528; on an AVX2 CPU, one LoRA model: 0.581 with
+    compute the same function there (on an AVX-512 BF16 Xeon: 0.551 vs 0.528; on an AVX2 CPU, one LoRA model: 0.581 with
     bf16 attention, 0.592 with fp32). The evaluation runs TRL's model with fp32 attention too (a no-op for ours,
     already switched) and switches it back afterwards, so TRL trains as it would without this benchmark."""
     from elastic_reset.lm.cpu_bf16 import use_fp32_attention
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only summarise earlier runs (one per seed) into --out, without training")
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per row (default 24)")
     parser.add_argument("--lr", type=float, default=2e-3,
-                        help="learning rate, every row (default 2e-3, as in session 8's control)")
+                        help="learning rate, every row (default 2e-3, as in the first control)")
     parser.add_argument("--target", type=float, default=0.75, help="held-out reward to reach (default 0.75)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate every this many steps (default 4)")
     parser.add_argument("--eval-samples", type=int, default=4, help="completions per held-out prompt (default 4)")
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs")
     parser.add_argument("--cuda-graphs", action="store_true",
-                        help="our rows decode through captured CUDA graphs (sampling.cuda_graphs; issue 40)")
+                        help="our rows decode through captured CUDA graphs (sampling.cuda_graphs)")
     parser.add_argument("--compile", action="store_true",
                         help="with --cuda-graphs: the steps compiled before capture (sampling.compile; the "
                              "compilation counts in the wall time)")

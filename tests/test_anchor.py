@@ -1,4 +1,4 @@
-"""The anchor API (issue 38): each preset against a hand-written rule, triggers, exact state, bad settings."""
+"""The anchor API: each preset against a hand-written rule, triggers, exact state, bad settings."""
 
 from __future__ import annotations
 

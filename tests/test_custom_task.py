@@ -1,4 +1,4 @@
-"""Bring your own task (issue 35): the `prompts` task's loaders, TRL-style rewards named by import path, task
+"""Bring your own task: the `prompts` task's loaders, TRL-style rewards named by import path, task
 factories named by import path, their one-line errors, and the README's example run end to end."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where the engine runs (issue 13, part 1): the device setting, autocast per device, generators on the model's
+"""Where the engine runs: the device setting, autocast per device, generators on the model's
 device, the EMA's placement, and a checkpoint's device. The CPU half runs everywhere; the CUDA half (marked
 ``cuda``) runs only where PyTorch sees a GPU, and is what a GPU session runs first:
 ``pytest -m cuda tests/test_device.py``."""

@@ -1,4 +1,4 @@
-"""Data-parallel training (issue 13, part 2): two CPU processes under ``accelerate launch`` (gloo).
+"""Data-parallel training: two CPU processes under ``accelerate launch`` (gloo).
 
 Each launch starts two Python processes, so these tests take tens of seconds; they run the tiny config."""
 

@@ -1,4 +1,4 @@
-"""Taking a run's policy out (issue 35): RUN/final/, `elastic-reset export`, and what plain transformers / peft
+"""Taking a run's policy out: RUN/final/, `elastic-reset export`, and what plain transformers / peft
 load from them."""
 
 import os

@@ -1,4 +1,4 @@
-"""Elastic Reset under PyTorch FSDP2 (issue 13, part 3): each rank keeps the EMA and θ0 of its shard, a reset
+"""Elastic Reset under PyTorch FSDP2: each rank keeps the EMA and θ0 of its shard, a reset
 writes its own shard, and the gathered weights equal the single-process run. Two gloo processes on the CPU."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gold-vs-proxy testbed (issue 37): Bradley–Terry-noisy gold labels, gold-labelled pairs a proxy can learn
+"""The gold-vs-proxy testbed: Bradley–Terry-noisy gold labels, gold-labelled pairs a proxy can learn
 from, the forget set's prompts, and the imdb_gold task run end to end on tiny models."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reward models from preference pairs (issue 12): the losses against hand-computed values, calibration on a
+"""Reward models from preference pairs: the losses against hand-computed values, calibration on a
 hand-made case, the prompt-disjoint split, and the pair readers (malformed files refused naming the line)."""
 
 from __future__ import annotations

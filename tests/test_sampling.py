@@ -797,7 +797,7 @@ def test_forward_response_entropy_is_the_categorical_entropy_and_its_gradient(ma
     assert torch.allclose(grad, expected_grad, atol=1e-6)
 
 
-# ----------------------------------------------------------------- static steps (issue 40): CUDA graphs on a GPU
+# ----------------------------------------------------------------- static steps: CUDA graphs on a GPU
 @pytest.mark.parametrize("arch", ALL)
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
 def test_static_steps_sample_what_the_dynamic_cache_samples(arch, autocast_dtype):

@@ -310,7 +310,7 @@ def test_task_plays_on_the_lines_the_agents_were_not_pretrained_on(agents, tmp_p
     task = get_task("translation_game", str(SHARED_DATA), agents=str(other))
     assert set(task.train_prompts) == {fr for fr, _ in game_pairs(train, pretrain_lines=4000)}
     assert len(task.pretrain_texts) == 4000
-    del metrics["corpus"], metrics["split"]["pretrain_lines"]  # a build from before issue 39: the in-domain half
+    del metrics["corpus"], metrics["split"]["pretrain_lines"]  # an older build: the in-domain half
     (other / "build_metrics.json").write_text(json.dumps(metrics))
     assert len(get_task("translation_game", str(SHARED_DATA), agents=str(other)).train_prompts) == 14_490
     # Disjoint lines; a French sentence can still occur on a line of each part (Multi30k repeats a few).

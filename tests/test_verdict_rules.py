@@ -1,4 +1,4 @@
-"""The gold-vs-proxy grid's verdicts (issue 37) and the Translation Game's (issue 39) follow the rules their scripts
+"""The gold-vs-proxy grid's verdicts and the Translation Game's follow the rules their scripts
 state before the grids run."""
 
 import importlib.util

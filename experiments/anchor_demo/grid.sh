@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 38, part 5: the anchor family on the demo task (SmolLM2-135M-Instruct + LoRA, VADER reward, RLOO 4 x 4,
+# The anchor family on the demo task (SmolLM2-135M-Instruct + LoRA, VADER reward, RLOO 4 x 4,
 # lr 3e-3, 16 iterations: configs/demo.yaml), 3 seeds; every method's own key setting at two values, the same
 # budget for all. Then `none`'s policies swept toward their initial model (model averaging, ExPO at 1.25).
 #   bash experiments/anchor_demo/grid.sh        (~40 runs of ~40 s on an AVX-512 BF16 CPU; resumable)

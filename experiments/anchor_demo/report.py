@@ -1,4 +1,4 @@
-"""The anchor family on the demo task (issue 38, part 5): table, frontier figure and verdict, by rules fixed before
+"""The anchor family on the demo task: table, frontier figure and verdict, by rules fixed before
 the grid ran.
 
     .venv/bin/python experiments/anchor_demo/report.py runs/anchor_demo experiments/anchor_demo/results

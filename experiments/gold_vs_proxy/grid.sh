@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The gold-vs-proxy testbed of issue 37, start to end; every stage skips what is already built, so run it again
+# The gold-vs-proxy testbed, start to end; every stage skips what is already built, so run it again
 # after an interruption.
 #   bash experiments/gold_vs_proxy/grid.sh            # all stages
 #   STAGES="pairs proxies" bash experiments/gold_vs_proxy/grid.sh

@@ -1,4 +1,4 @@
-"""How well each proxy learned the gold (issue 37): its held-out accuracy against the noisy labels it was trained on,
+"""How well each proxy learned the gold: its held-out accuracy against the noisy labels it was trained on,
 against the gold's own order, and its ECE.
 
     .venv/bin/python experiments/gold_vs_proxy/proxies.py OUT.json PROXY_DIR...

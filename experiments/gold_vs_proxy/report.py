@@ -1,4 +1,4 @@
-"""The gold-vs-proxy grid's numbers, figures and verdicts (issue 37), by rules fixed before the grid ran.
+"""The gold-vs-proxy grid's numbers, figures and verdicts, by rules fixed before the grid ran.
 
     .venv/bin/python experiments/gold_vs_proxy/report.py runs/gold_vs_proxy experiments/gold_vs_proxy/results/xeon
 
@@ -38,7 +38,7 @@ the SE is 0 and any difference would pass):
     rate instead of its KL, but in the learning run that win rate rose with the drift (0.50 -> 1.00 in 20
     iterations while the held-out perplexity went 41 -> 92): a sentiment gold prefers the more positive Wikipedia
     continuation too, so there it measures the reward's transfer, not what was forgotten. It is still reported.
-(c') Pre-registered on 2026-11-26 (session 34), after seed 0 of the grid and before any run of the arm: seed 0
+(c') Pre-registered on 2026-11-26, after seed 0 of the grid and before any run of the arm: seed 0
     showed ``selective_rehearsal``'s 32-example set memorised (its NLL 3.40 -> 0.25 nats a token, the drift above
     ``kl``'s), so a second arm, ``sr_large`` (2,048 candidates, 32 clusters x top 8: 256 examples, each rehearsed
     under once in 50 iterations at 4 a step), asks whether a set the policy cannot memorise lowers the tax. The

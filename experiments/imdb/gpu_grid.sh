@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40's "a whole IMDB grid in one go on one GPU": configs/imdb.yaml's 7 methods x 5 seeds (imdb_grid.sh),
+# The "a whole IMDB grid in one go on one GPU": configs/imdb.yaml's 7 methods x 5 seeds (imdb_grid.sh),
 # with its classifier and policy built on the GPU machine itself, inside one 15-minute lease of two device calls.
 # What travels (a call carries at most 64 MiB with the ~14 MB tree; made here once, both folders git-ignored through
 # .git/info/exclude):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The IMDB experiments of BENCHMARKS.md: 7 methods x 5 seeds (the paper's seed count) of one config.
 #   bash experiments/imdb/grid.sh    configs/imdb.yaml (a 5M GPT-2 trained from scratch on IMDB reviews: the toy
-#                                   scale of issue 9; about 3 hours on 2 CPU cores)
+#                                   scale; about 3 hours on 2 CPU cores)
 #   CONFIG=configs/imdb_135m.yaml GRID=runs/imdb_135m RESULTS=experiments/imdb/results/135m bash experiments/imdb/grid.sh
-#                                   (SmolLM2-135M adapted to IMDB: the paper's scale, issue 36)
+#                                   (SmolLM2-135M adapted to IMDB: the paper's scale)
 # Resumable: run it again after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
 # A finished cell's checkpoints are deleted (--prune-finished): 135M weights, Adam and EMA are ~5 GB a cell.
 # Across sessions too: finished cells are kept in $RESULTS/runs (after every seed, or COLLECT=1 for a grid stopped

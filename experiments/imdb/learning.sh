@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, "learning first": does the reward rise on held-out prompts at the 135M scale, and with which estimator
+# "Learning first": does the reward rise on held-out prompts at the 135M scale, and with which estimator
 # and learning rate? configs/imdb_135m.yaml without any drift control (KL coefficient 0), 20 iterations, seed 0,
 # for PPO (the paper's estimator: a value head on the policy's trunk, 32 prompts x 1 sample, 4 epochs x 2
 # minibatches = 8 optimizer steps an iteration) and RLOO (8 prompts x 4 samples, one optimizer step) at four

@@ -1,4 +1,4 @@
-"""The learning search of issue 36 (``experiments/imdb/learning.sh``): its table and the rule's choice.
+"""The 135M IMDB learning search (``experiments/imdb/learning.sh``): its table and the rule's choice.
 
     .venv/bin/python experiments/imdb/learning_table.py [experiments/imdb/results/135m/learning]
 

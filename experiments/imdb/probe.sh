@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, deliverable 1: all weights or LoRA (merged) for adapting SmolLM2-135M-Instruct to IMDB reviews? The same
+# All weights or LoRA (merged) for adapting SmolLM2-135M-Instruct to IMDB reviews? The same
 # number of steps and tokens each (batches of 4 × 256 tokens), each at its usual learning rate; held-out perplexity on
 # 200 test reviews before and after, and the wall time. Resumable: a finished arm is skipped, a killed one continues.
 #   bash experiments/imdb/probe.sh [STEPS] [OUT]      (default 80 steps, experiments/imdb/results/135m/probe)

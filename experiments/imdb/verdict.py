@@ -1,4 +1,4 @@
-"""Does Elastic Reset Pareto-dominate RLOO + KL? The verdict of an IMDB grid, by rules fixed before it ran (issue 36).
+"""Does Elastic Reset Pareto-dominate RLOO + KL? The verdict of an IMDB grid, by rules fixed before it ran.
 
     .venv/bin/python experiments/imdb/verdict.py experiments/imdb/results/135m     # writes experiments/imdb/results/135m/verdict.md
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's comparison: the Bradley-Terry reward model (RM) against the Advantage Model (AM) on the same
+# The comparison: the Bradley-Terry reward model (RM) against the Advantage Model (AM) on the same
 # prompt-disjoint split of HH-RLHF (helpful + harmless) and the beer/coffee Stack Exchange pairs, 3 seeds each,
 # for each backbone. Resumable: a finished model is skipped (in GRID, or kept in experiments/reward_models/results/runs/ by the
 # table script, so a session whose runs/ is gone does not retrain it), an interrupted one continues from its

@@ -1,4 +1,4 @@
-"""Issue 12's table: RM against AM per backbone (mean ± standard error over seeds) of test accuracy, ECE and the
+"""The reward-model table: RM against AM per backbone (mean ± standard error over seeds) of test accuracy, ECE and the
 per-category score statistics, plus one reliability diagram per backbone, into experiments/reward_models/results/.
 
 Test metrics come from ``<model>/evaluation.json`` where ``elastic-reset reward-model evaluate`` wrote one (it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 39, part 2: does the Translation Game's task score move with out-of-domain agents, before any grid?
+# Does the Translation Game's task score move with out-of-domain agents, before any grid?
 #   bash experiments/translation_game/check.sh           (after `elastic-reset build translation-agents`; resumable)
 #   AGENTS=DIR OUT=runs/other bash experiments/translation_game/check.sh   (agents built with --out DIR)
 # Runs, on all 1,014 val sentences (greedy; task = FR→EN→DE BLEU, drift = FR→EN BLEU), every EVERY updates:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 39 on one GPU, in one device call: what the Translation Game costs there, measured, so that a lease can be
+# The Translation Game on one GPU, in one device call: what it costs there, measured, so that a lease can be
 # sized for the grid at the paper's budget (50k updates) instead of estimated. In turn:
 #   1. the CUDA tests, the game's included (its data travels here, so it no longer skips);
 #   2. the out-of-domain build on the GPU (translation_grid.sh's recipe: Tatoeba for EPOCHS epochs, then the 3-epoch
 #      adaptation on 8,000 Multi30k lines), each model-epoch timed by the build's log, the three agents side by side
-#      (BUILD_JOBS processes, under CUDA MPS; session 52 built them in turn, beside the tests: BENCHMARKS.md);
+#      (BUILD_JOBS processes, under CUDA MPS; an earlier lease built them in turn, beside the tests: BENCHMARKS.md);
 #   3. the grid's 7 methods x 1 seed side by side (translation_grid.sh, JOBS cells at once under CUDA MPS) for STEPS
 #      updates, stopped at DEADLINE seconds after the call began: each cell's metrics.jsonl times every update.
 #   STEPS=400 EPOCHS=1 DEADLINE=520 bash experiments/translation_game/gpu.sh      # carry .whl .trd

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Translation Game's grid (issue 39, part 3; paper §4, Table 1, Appendix A): 7 methods x SEEDS seeds on the
+# The Translation Game's grid (paper §4, Table 1, Appendix A): 7 methods x SEEDS seeds on the
 # agents `elastic-reset build translation-agents` wrote (out of domain, as the paper's). Resumable: run it again
 # after an interruption (finished cells are skipped; SEEDS=2 stops after two seeds).
 #   STEPS=1000 JOBS=2 THREADS=1 bash experiments/translation_game/grid.sh
@@ -47,7 +47,7 @@ common=(--set steps="$STEPS" --set eval.every="$EVERY" --set checkpoint_every="$
         --set algo.minibatch_size=32 --set algo.epochs=1 --set algo.adam_beta2=0.98 --set algo.adam_eps=1e-9
         --set algo.max_grad_norm=0.1 --set algo.entropy_coef=0 --set algo.lr="$LR")
 if [ -n "${THREADS:-}" ]; then common+=(--set "threads=$THREADS"); fi
-# AGENTS: another build's folder (`build translation-agents --out DIR`); default: issue 39's agents, built here
+# AGENTS: another build's folder (`build translation-agents --out DIR`); default: the out-of-domain agents, built here
 # where the cache lacks them (a new machine), as BENCHMARKS.md's "Out-of-domain agents" built them: 4 epochs on
 # Tatoeba (~75 min on the AVX-512 CPU), then adapted on 8,000 lines of Multi30k train (~5 min).
 # The speaker (the policy) and the listener must come from the same build.

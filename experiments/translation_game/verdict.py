@@ -1,5 +1,5 @@
 """Does Elastic Reset give the best task / drift trade-off in the Translation Game? The verdict of
-``experiments/translation_game/grid.sh``, by rules fixed before the grid ran (issue 39, 2026-11-26).
+``experiments/translation_game/grid.sh``, by rules fixed before the grid ran.
 
     .venv/bin/python experiments/translation_game/verdict.py experiments/translation_game/results/grid     # writes verdict.md there
 

@@ -1,5 +1,5 @@
 """Pulling a drifting policy, its KL reference or its EMA back toward an anchor: Elastic Reset and its relatives
-under one API (issue 38).
+under one API.
 
 Besides the policy's own tensors θ, an :class:`Anchor` keeps fp32 copies, on a device of the caller's choice, as
 :class:`~elastic_reset.core.ElasticReset` does (pinned host memory for a GPU model, fused ``torch._foreach_*``

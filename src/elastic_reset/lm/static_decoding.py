@@ -1,4 +1,4 @@
-"""Decoding steps at static shapes, replayed as CUDA graphs (issue 40).
+"""Decoding steps at static shapes, replayed as CUDA graphs.
 
 On a GPU a decoding step of a small model is bound by Python and kernel launches, not by the GPU (BENCHMARKS.md,
 "On a GPU and on several processes": ~4 ms of GPU work in a 44-48 ms step of SmolLM2). A step over transformers'

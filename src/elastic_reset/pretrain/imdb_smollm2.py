@@ -1,4 +1,4 @@
-"""SmolLM2-135M adapted to IMDB reviews: the IMDB policy at the paper's model scale (issue 36).
+"""SmolLM2-135M adapted to IMDB reviews: the IMDB policy at the paper's model scale.
 
 Elastic Reset §6 starts from GPT-2 (117M) further pretrained on IMDB (``lvwerra/gpt2-imdb``, perplexity ~33 on IMDB
 text), so that RL only has to steer the sentiment of a model that already writes reviews. ``elastic-reset build

@@ -2,7 +2,7 @@
 
 The paper pretrains a FR→EN and an EN→DE Transformer on IWSLT (TED talks), then plays FR→EN→DE on Multi30k (image
 captions) with French and German only. ``elastic-reset build translation-agents`` does the same out of domain with
-the text that can be had offline (``--corpus tatoeba``, the default; issue 39): Tatoeba's fr-en and en-de pairs
+the text that can be had offline (``--corpus tatoeba``, the default): Tatoeba's fr-en and en-de pairs
 (``translation-pretrain/``: short everyday sentences, none in Multi30k), early-stopped on Tatoeba's dev pairs as the
 paper's on IWSLT's; the whole of Multi30k train is then the game's (``--pretrain-lines N`` adds a stated share of
 it to the pretraining; ``--adapt DIR --pretrain-lines N`` instead continues a Tatoeba-only build on that share,
@@ -470,7 +470,7 @@ def build_agents(data_dir: str | Path, out: str | Path, config: AgentConfig, *, 
 
 @dataclass
 class AdaptConfig:
-    """Continued pretraining of agents built on Tatoeba alone on a stated share of Multi30k train (issue 39: their
+    """Continued pretraining of agents built on Tatoeba alone on a stated share of Multi30k train (their
     PRETRAINED row is a quarter of the paper's). Minutes, where a rebuild with the share mixed into the Tatoeba pairs
     takes over an hour, and the share is not drowned by 165k Tatoeba pairs."""
 

@@ -1,4 +1,4 @@
-"""Reward models trained on preference pairs (issue 12): Bradley–Terry and the Advantage Model (Peng et al. 2023,
+"""Reward models trained on preference pairs: Bradley–Terry and the Advantage Model (Peng et al. 2023,
 "Stabilizing RLHF through Advantage Model and Selective Rehearsal", §3.1).
 
 - :mod:`~elastic_reset.reward_models.model`: the model, its settings, its folder (built fresh, loaded back);

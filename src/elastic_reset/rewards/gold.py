@@ -1,4 +1,4 @@
-"""The gold of the gold-vs-proxy testbed (Gao et al. 2022, arXiv 2210.10760, §2; issue 37): a fixed scorer that
+"""The gold of the gold-vs-proxy testbed (Gao et al. 2022, arXiv 2210.10760, §2): a fixed scorer that
 stands in for human preference. It labels pairs of the initial policy's continuations with Bradley–Terry noise;
 proxy reward models learn from those labels (``reward-model train --data PAIRS``); RL optimises a proxy, and the gold,
 which RL never sees, shows when optimising the proxy stops improving the gold.

@@ -154,7 +154,7 @@ class SamplingConfig(Section):
     compile: bool = False
     """With ``cuda_graphs``: each decoding step is compiled by ``torch.compile`` (inductor; on a GPU it needs
     triton) before it is captured, so the graph replays fused kernels: a step of a small model is bound by how many
-    kernels it runs, even replayed (BENCHMARKS.md, issue 40). The first rollout of each shape (batch, prompt bucket)
+    kernels it runs, even replayed (BENCHMARKS.md). The first rollout of each shape (batch, prompt bucket)
     pays the compilation, tens of seconds. The log-probs agree with the uncompiled steps' to rounding."""
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Take a run's policy out (issue 35): a ``save_pretrained`` folder that plain transformers or peft load.
+"""Take a run's policy out: a ``save_pretrained`` folder that plain transformers or peft load.
 
 :func:`save_policy` writes a policy as its LoRA adapter (``PeftModel.from_pretrained(base, folder)``), as a merged
 full model (``merge=True``), or, without LoRA, as the full model (``AutoModelForCausalLM.from_pretrained``), with

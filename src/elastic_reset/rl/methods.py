@@ -216,7 +216,7 @@ class EMAReset(KLPenalty):
 @dataclass
 class AnchorMethodConfig(Section):
     name: Literal["anchor"] = "anchor"
-    """One of the anchor family (``core/anchor.py``, issue 38), on top of the KL penalty."""
+    """One of the anchor family (``core/anchor.py``), on top of the KL penalty."""
     preset: Literal["elastic_reset", "reset_to_ema", "reset_to_init", "ref_sync", "ref_reset", "ema_anchor",
                     "liti"] = "ref_sync"
     """The published method: ``elastic_reset`` and its ablations ``reset_to_ema``, ``reset_to_init`` (Noukhovitch

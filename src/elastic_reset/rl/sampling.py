@@ -340,7 +340,7 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Sam
             steps = t + 1
             if config.stop_at_eos and eos is not None:
                 finished = finished | (active & torch.isin(next_tokens, eos))
-                # Reading `finished` on the host stalls a GPU's launch queue (BENCHMARKS.md, issue 13): skip it while
+                # Reading `finished` on the host stalls a GPU's launch queue (BENCHMARKS.md): skip it while
                 # EOS is suppressed, since nothing can finish then.
                 if not suppress_eos and bool(finished.all()):
                     break

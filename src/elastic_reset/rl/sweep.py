@@ -1,4 +1,4 @@
-"""Points on the reward-vs-drift plane without more RL (issue 38): the weights θ_a + λ·(θ − θ_a) between a run's
+"""Points on the reward-vs-drift plane without more RL: the weights θ_a + λ·(θ − θ_a) between a run's
 final policy θ and an anchor θ_a, evaluated exactly as the run's own evaluations (same prompts, same noise).
 
 Toward the initial model, λ in (0, 1) is model averaging (Lin et al. 2023, arXiv 2309.06256: "heterogeneous model

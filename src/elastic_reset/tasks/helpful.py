@@ -1,5 +1,5 @@
 """``helpful``: HH-RLHF dialogues (helpful-base) as prompts, a trained preference reward model as the reward, and
-drift measured as perplexity on held-out human-chosen responses (issue 12).
+drift measured as perplexity on held-out human-chosen responses.
 
 The pairs are split by prompt exactly as the reward model's training split them (``split_seed``), so the RL
 prompts are the reward model's *training* prompts, evaluation uses its validation prompts, and the reference text

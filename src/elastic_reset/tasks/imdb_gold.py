@@ -1,4 +1,4 @@
-"""``imdb_gold``: the gold-vs-proxy testbed (issue 37; Gao et al. 2022, arXiv 2210.10760). The IMDB task's prompts
+"""``imdb_gold``: the gold-vs-proxy testbed (Gao et al. 2022, arXiv 2210.10760). The IMDB task's prompts
 and drift (perplexity on held-out reviews), but the policy is trained on a *proxy*: a reward model (Bradley–Terry or
 Advantage Model) learned from pairs the gold labelled (``elastic-reset build gold-pairs``, then ``reward-model train
 --data <pairs>/pairs.jsonl``). The gold, the sentiment classifier, never trains the policy; it is measured:

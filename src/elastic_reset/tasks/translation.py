@@ -51,7 +51,7 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
     # The split the agents were pretrained with: the game must be played on the lines they never saw.
     metrics_path = agents_dir / "build_metrics.json"
     built = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
-    corpus = built.get("corpus", "multi30k")  # builds before issue 39 were in-domain
+    corpus = built.get("corpus", "multi30k")  # older builds were in-domain
     pretrain_lines = built.get("split", {}).get("pretrain_lines")  # None: the default half
     val, test = load_multi30k(data_dir, "val"), load_multi30k(data_dir, "test")
 
@@ -67,7 +67,7 @@ def translation_game_task(data_dir: str | None = None, agents: str | None = None
 
     def metrics(prompts: list[str], completions: list[str]) -> dict[str, float]:
         # Each BLEU with its length ratio (hypothesis / reference tokens): a speaker paid per German token drifts
-        # into longer messages (issue 39), which BLEU's brevity penalty does not charge.
+        # into longer messages, which BLEU's brevity penalty does not charge.
         english = bleu_score(completions, [english_of[p] for p in prompts])
         german = bleu_score(listener.translate(completions), [german_of[p] for p in prompts])
         return {"drift_bleu": float(english.score), "drift_length_ratio": english.sys_len / english.ref_len,
