@@ -81,3 +81,14 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, estimator):
     RLTrainer(tiny_config(*sets, "steps=2"), tmp_path / "cut").train()
     resumed = RLTrainer(tiny_config(*sets, "steps=4"), tmp_path / "cut", resume=True).train()
     assert without_times(resumed) == full[2:]
+
+
+def test_with_lora_only_the_adapters_are_perturbed_and_the_run_trains(tmp_path):
+    trainer = RLTrainer(tiny_config("method.name=gradient_reg", "method.strength=0.5", "model.lora={r: 2, alpha: 4}"),
+                        tmp_path)
+    adapters = {id(p) for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainer.method.penalised == adapters and all("lora" in n for n, p in trainer.model.named_parameters()
+                                                        if id(p) in adapters)
+    record = trainer.train_step()
+    trainer.close()
+    assert record["grad_reg/g1_norm"] > 0 and record["grad_reg/g2_norm"] != record["grad_reg/g1_norm"]
