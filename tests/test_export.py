@@ -276,3 +276,13 @@ def test_a_run_that_stops_early_writes_no_final_folder(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert not (tmp_path / "run" / "final").exists() and (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_a_smollm2_card_names_the_dequantised_wheel_weights_it_trained_from():
+    from elastic_reset.rl.export import model_card
+
+    adapter = model_card(None, run_config("model.name=smollm2", LORA), 4)
+    assert "`SmolLM2-135M-Instruct.Q4_1.gguf` dequantised to fp32" in adapter and "export with `--merge`" in adapter
+    merged = model_card(None, run_config("model.name=smollm2", LORA), 4, merge=True)
+    assert "Q4_1.gguf" in merged and "--merge" not in merged.split("## Method")[0]
+    assert "Q4_1" not in model_card(None, run_config(), 4)

