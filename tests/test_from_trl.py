@@ -441,6 +441,18 @@ def test_train_runs_a_trl_recipe_and_the_cli_flags_come_after_it(recipe, tmp_pat
     assert options["reward"] == "my_rewards:letters" and options["path"].endswith("data")
 
 
+def test_train_without_out_writes_where_the_recipe_says_as_trl_would(recipe, tmp_path, capsys):
+    from elastic_reset.cli import main
+
+    path = recipe(reward_model_name_or_path=None, reward_weights=None, reward_funcs="[my_rewards.letters]",
+                  output_dir="runs/from-recipe")
+    assert main(["train", str(path), "--trl", "grpo", "--set", "progress=false", "--set", "steps=1"]) == 0
+    assert (tmp_path / "runs" / "from-recipe" / "metrics.jsonl").is_file()
+    path = recipe(output_dir=None)
+    assert main(["train", str(path), "--trl", "grpo"]) == 2
+    assert "the recipe names no output_dir" in capsys.readouterr().err
+
+
 def test_compare_runs_a_grid_from_a_trl_recipe_in_child_processes_too(recipe, tmp_path):
     import json
 

@@ -73,15 +73,18 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     from elastic_reset.errors import ConfigError
     from elastic_reset.rl.config import config_to_yaml
-    from elastic_reset.rl.from_trl import load_run_config
+    from elastic_reset.rl.from_trl import load_run_config, recipe_output_dir
     from elastic_reset.rl.trainer import RLTrainer
 
     config = load_run_config(args.config, args.trl, _overrides(args))
     if args.print_config:
         print(config_to_yaml(config), end="")
         return 0
+    if args.out is None and args.trl:  # as `trl grpo --config` writes into the recipe's output_dir
+        args.out = recipe_output_dir(args.config)
     if args.out is None:
-        raise ConfigError("--out: the run directory is required (or --print-config to see the config only)")
+        raise ConfigError("--out: the run directory is required (or --print-config to see the config only)"
+                          + ("; the recipe names no output_dir" if args.trl else ""))
     trainer = RLTrainer(config, args.out, resume=args.resume)
     trainer.train()
     if trainer.dp.is_main:

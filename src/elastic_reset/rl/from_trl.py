@@ -157,6 +157,15 @@ def load_run_config(path: str | Path, trl: str | None, overrides: list[str] = ()
     return config_from_recipe(path, trl, overrides) if trl else load_config(path, overrides)
 
 
+def recipe_output_dir(path: str | Path) -> str | None:
+    """A TRL recipe's ``output_dir``, where ``trl grpo --config path`` would write: the run directory when no
+    ``--out`` is given."""
+    value = read_yaml_mapping(path).get("output_dir")
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"{path}: output_dir: expected a folder name, got {value!r}")
+    return value
+
+
 def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
     """What ``trl <trainer> --config path`` trains (``trainer``: ``grpo`` or ``rloo``), then ``overrides``: the
     trainer's settings carried over by :func:`config_from_grpo` / :func:`config_from_rloo`, ``ModelConfig``'s as
