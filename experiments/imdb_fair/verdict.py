@@ -1,6 +1,7 @@
 """Does Elastic Reset drift less than RLOO + a tuned fixed KL penalty on IMDB at 135M? The fair study's verdict.
 
-    .venv/bin/python experiments/imdb_fair/verdict.py experiments/imdb_fair/results [--first-grid experiments/imdb/results/135m]
+    .venv/bin/python experiments/imdb_fair/verdict.py experiments/imdb_fair/results \
+        [--first-grid experiments/imdb/results/135m]
 
 Reads every cell ``RESULTS/runs/<arm>/seed<k>/metrics.jsonl`` (grid.sh) and writes ``summary.json``,
 ``verdict.md`` and ``levels.png`` into RESULTS. Arms still missing seeds are reported as pending.
@@ -56,10 +57,11 @@ LABELS = {"rloo_kl_0.003": "RLOO + KL β 0.003 (fixed)", "rloo_kl_0.01": "RLOO +
           ER90: "Elastic Reset (decay 0.90)", INIT: "RESET to init", GR: "RLOO + gradient regularisation (no KL)"}
 
 
-def evaluations(path: Path) -> list[dict]:
-    """Each evaluation of a cell on both sets: step, A-reward, A-perplexity, B-reward, B-perplexity."""
+def evaluations(records: list[dict]) -> list[dict]:
+    """Each evaluation of a cell (its metrics.jsonl records) on both sets: step, A-reward, A-perplexity, B-reward,
+    B-perplexity."""
     out = []
-    for r in read_metrics(path):
+    for r in records:
         if "eval/reward" in r and "eval_report/reward" in r:
             out.append({"step": r["step"], "a_reward": r["eval/reward"], "a_ppl": r["eval/perplexity"],
                         "b_reward": r["eval_report/reward"], "b_ppl": r["eval_report/perplexity"]})
@@ -69,7 +71,7 @@ def evaluations(path: Path) -> list[dict]:
 def final_point(path: Path) -> dict:
     """The last evaluation and the test reward (the final weights), no selection."""
     records = read_metrics(path)
-    last = evaluations(path)[-1]
+    last = evaluations(records)[-1]
     test = [r["test/reward"] for r in records if "test/reward" in r]
     return {**last, "test_reward": test[-1] if test else math.nan}
 
@@ -167,7 +169,7 @@ def ema_matters(arms: dict, pairs: dict) -> tuple[str, str]:
 
 def choose_gr(cells: dict[str, dict[int, Path]]) -> str | None:
     """Rule 5(c)'s choice among the ``gr_<setting>`` candidates of seed 0, on set A only."""
-    candidates = {a: evaluations(s[0]) for a, s in cells.items() if a.startswith("gr_") and 0 in s}
+    candidates = {a: evaluations(read_metrics(s[0])) for a, s in cells.items() if a.startswith("gr_") and 0 in s}
     if not candidates:
         return None
     for level in sorted(LEVELS, reverse=True):
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.choose_gr:
         print(choose_gr(cells) or "no gr_<setting> candidate on seed 0 yet")
         return 0
-    complete = {a: {s: evaluations(p) for s, p in cells[a].items()} for a in ARMS
+    complete = {a: {s: evaluations(read_metrics(p)) for s, p in cells[a].items()} for a in ARMS
                 if len(cells.get(a, {})) >= SEEDS}
     pending = [a for a in ARMS if a not in complete]
     pairs = {(x, y): pair(complete[x], complete[y]) for x in complete for y in complete if x != y}

@@ -470,8 +470,8 @@ class RLTrainer:
         """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run;
         ``step_tokens``: the reduction's divisor (``loss_aggregation: batch_token``)."""
         c = self.config.algo
-        drawn = None if self.rehearsal is None else self.rehearsal.next_batch(self.tokenizer.pad_token_id)
-        rehearsal_batch = None if drawn is None else drawn.to(self.device)
+        rehearsal_batch = (None if self.rehearsal is None
+                           else self.rehearsal.next_batch(self.tokenizer.pad_token_id).to(self.device))
 
         def step_loss(out: ResponseOutput) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
             """The minibatch's loss from the forward ``out``: policy loss, entropy bonus, the method's extra loss,
