@@ -2,7 +2,8 @@
 
     .venv/bin/python experiments/gold_vs_proxy/report.py runs/gold_vs_proxy experiments/gold_vs_proxy/results/xeon
 
-Reads the finished runs ``GRID/<proxy>/<method>/seed<i>/`` (``experiments/gold_vs_proxy/grid.sh``: proxy ``rm`` or ``am``;
+Reads the finished runs ``GRID/<proxy>/<method>/seed<i>/`` (``experiments/gold_vs_proxy/grid.sh``: proxy ``rm`` or
+``am``;
 a cell still training is left out, and named) and writes into
 RESULTS ``summary.json`` (per proxy and method, mean ± SE over seeds of each run's measures below, and the gold's
 Gao fit), ``gold_vs_proxy_<proxy>.png`` and ``verdict.md``.

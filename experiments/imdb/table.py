@@ -1,4 +1,5 @@
-"""The IMDB table of BENCHMARKS.md, from the runs and report that ``experiments/imdb/grid.sh`` copies to experiments/imdb/results/toy.
+"""The IMDB table of BENCHMARKS.md, from the runs and report that ``experiments/imdb/grid.sh`` copies to
+experiments/imdb/results/toy.
 
     .venv/bin/python experiments/imdb/table.py [experiments/imdb/results/toy]
 

@@ -1,6 +1,6 @@
 """Does Elastic Reset Pareto-dominate RLOO + KL? The verdict of an IMDB grid, by rules fixed before it ran.
 
-    .venv/bin/python experiments/imdb/verdict.py experiments/imdb/results/135m     # writes experiments/imdb/results/135m/verdict.md
+    .venv/bin/python experiments/imdb/verdict.py experiments/imdb/results/135m     # writes verdict.md there
 
 Reads the grid's ``summary.json`` (``experiments/imdb/grid.sh``): per method the final evaluation as mean ± SE over
 seeds and the mean frontier (least perplexity on held-out true reviews at each reward level); per pair the shared

@@ -1,7 +1,7 @@
 """Does Elastic Reset give the best task / drift trade-off in the Translation Game? The verdict of
 ``experiments/translation_game/grid.sh``, by rules fixed before the grid ran.
 
-    .venv/bin/python experiments/translation_game/verdict.py experiments/translation_game/results/grid     # writes verdict.md there
+    .venv/bin/python experiments/translation_game/verdict.py experiments/translation_game/results/grid  # verdict.md there
 
 Reads ``summary.json`` (compare with ``--score task_bleu --drift drift_bleu``: per method the final validation
 FR→EN→DE BLEU, the task, and FR→EN BLEU, the drift, higher is better, as mean ± SE over seeds; the mean frontiers;
@@ -42,7 +42,8 @@ def verdict(results: Path) -> str:
     summary = json.loads((results / "summary.json").read_text())
     methods = summary["methods"]
     lines = ["# The Translation Game: Elastic Reset against the baselines",
-             "", "Written by experiments/translation_game/verdict.py; rules in its docstring, fixed before the grid ran.", "",
+             "", "Written by experiments/translation_game/verdict.py; rules in its docstring, fixed before the grid "
+             "ran.", "",
              "| method | val FR→EN→DE (task) | val FR→EN (drift) | test task | test drift | seeds |",
              "|---|---|---|---|---|---|"]
     build = results / "build_metrics.json"
