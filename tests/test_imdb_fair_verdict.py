@@ -63,3 +63,33 @@ def test_no_beta_reaching_0_8_is_untestable_not_a_loss(tmp_path):
         for seed in range(3):
             write_cell(tmp_path, arm, seed, 0.0, top=0.75 if arm.startswith("rloo_kl") else 0.9)
     assert "reaches 0.8: untestable at this budget** (no fixed β carries 0.8 on every seed)" in verdict(tmp_path)
+
+
+def grid(tmp_path: Path, perplexity: float) -> subprocess.CompletedProcess:
+    """grid.sh on a cache whose policy build has this held-out perplexity, with a CLI that trains nothing."""
+    cache = tmp_path / "cache"
+    (cache / "imdb-smollm2").mkdir(parents=True, exist_ok=True)
+    (cache / "imdb-sentiment-minilm").mkdir(exist_ok=True)
+    (cache / "imdb-smollm2/pretrain_metrics.json").write_text(json.dumps({"held_out_perplexity": perplexity}))
+    (cache / "imdb-sentiment-minilm/metrics.json").write_text(json.dumps({"final_train_loss": 0.3}))
+    env = {"PATH": "/usr/bin:/bin", "ELASTIC_RESET_CACHE": str(cache), "RESULTS": str(tmp_path / "results"),
+           "GRID": str(tmp_path / "grid"), "ER": "true", "PY": sys.executable, "PYTHON": sys.executable,
+           "SEEDS": "1", "GR_CANDIDATES": ""}
+    return subprocess.run(["bash", str(SCRIPT.parent / "grid.sh")], env=env, capture_output=True, text=True)
+
+
+def test_the_grid_records_each_seeds_build_and_finishes_a_seed_on_the_build_that_began_it(tmp_path):
+    record = tmp_path / "results/builds/seed0/policy.json"
+    assert grid(tmp_path, 38.5).returncode == 0
+    assert json.loads(record.read_text()) == {"held_out_perplexity": 38.5}
+    assert "seed 0: policy held-out perplexity 38.5000" in (tmp_path / "results/verdict.md").read_text()
+    assert grid(tmp_path, 39.5).returncode == 0  # no cell of seed 0 finished: it begins on the new build
+    assert json.loads(record.read_text()) == {"held_out_perplexity": 39.5}
+
+    cell = tmp_path / "results/runs/rloo_kl_0.01/seed0"
+    cell.mkdir(parents=True)
+    (cell / "done").write_text("")
+    (cell / "config.yaml").write_text("")
+    done = grid(tmp_path, 40.5)
+    assert done.returncode == 1 and "seed 0: its finished cells" in done.stderr
+    assert json.loads(record.read_text()) == {"held_out_perplexity": 39.5}

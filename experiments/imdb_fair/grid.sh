@@ -3,8 +3,11 @@
 #   bash experiments/imdb_fair/grid.sh            # from the repository root; about 15-20 min a cell on an
 #                                                 # AVX-512 BF16 CPU, one cell at a time
 # Needs the classifier and the policy (elastic-reset build imdb-classifier / imdb-smollm2 --data-dir ../shared/data).
-# Every cell of the verdict comes from one build: the first run records the policy's held-out perplexity and the
-# classifier's final training loss in results/, and a later run on a rebuilt cache that differs stops (same_build).
+# A seed's cells come from one build: builds made under bf16 autocast differ from machine to machine and the cache
+# does not outlive a session, so the grid records, per seed, the policy's held-out perplexity and the classifier's
+# final training loss (results/builds/seed<k>/), and a seed begun on one build is finished on it or not at all
+# (same_build). Seeds may come from different builds: the paired differences are within a seed, and the verdict's
+# SE over seeds then carries the build's randomness with the seed's.
 # Finished cells' small files go to results/runs/ (committed) and come back into an empty $GRID, so the grid goes
 # on across sessions. SEEDS=1 stops after seed 0; JOBS=N trains N cells at once (a GPU machine: JOBS=6);
 # ARMS="a b" trains only those arms; ER and PY name the CLI and Python (default: the .venv's).
@@ -31,9 +34,20 @@ SEEDS=${SEEDS:-3}
 ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
 source experiments/grid_cells.sh
 CACHE=$($PY -c 'from elastic_reset.models import cache_dir; print(cache_dir())')
-same_build "$CACHE/imdb-smollm2/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
-same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$RESULTS/classifier.json" final_train_loss
 restore_cells "$RESULTS" "$GRID"
+seed_build() {  # SEED ARM...: before training a seed's cells not yet done, record this machine's builds for it (no
+  local s=$1 rec=$RESULTS/builds/seed$1 arm todo=0 began=0  # cell done) or check them against its record
+  shift
+  for arm in "$@"; do if [ -f "$GRID/$arm/seed$s/done" ]; then began=1; else todo=1; fi; done
+  [ $todo = 1 ] || return 0
+  [ $began = 1 ] || rm -f "$rec/policy.json" "$rec/classifier.json"
+  same_build "$CACHE/imdb-smollm2/pretrain_metrics.json" "$rec/policy.json" held_out_perplexity &&
+    same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$rec/classifier.json" final_train_loss || {
+    echo "seed $s: its finished cells ($RESULTS/runs/*/seed$s) come from another build and a seed's cells share" \
+      "one; remove them (git keeps them) to run seed $s on this build" >&2
+    exit 1
+  }
+}
 ARMS=${ARMS:-rloo_kl_0.003 rloo_kl_0.01 rloo_kl_0.03 elastic_reset er_decay_0.90 reset_to_init}
 declare -A METHOD=([rloo_kl_0.003]=kl [rloo_kl_0.01]=kl [rloo_kl_0.03]=kl [elastic_reset]=elastic_reset
                    [er_decay_0.90]=elastic_reset [reset_to_init]=reset_to_init)
@@ -59,6 +73,7 @@ run() {  # compare over seeds 0..$1-1 of the arms named after it
   collect_cells "$GRID" "$RESULTS"
 }
 # shellcheck disable=SC2086  # the arm lists are words
+seed_build 0 $ARMS $GR_CANDIDATES
 run 1 $ARMS $GR_CANDIDATES
 chosen=$($PY $HERE/verdict.py "$RESULTS" --choose-gr)
 if [ -n "$GR_CANDIDATES" ] && [ -f "$GRID/$chosen/seed0/done" ]; then
@@ -66,5 +81,8 @@ if [ -n "$GR_CANDIDATES" ] && [ -f "$GRID/$chosen/seed0/done" ]; then
   if [ ! -e "$GRID/gr/seed0" ]; then mkdir -p "$GRID/gr" && cp -r "$GRID/$chosen/seed0" "$GRID/gr/seed0"; fi
   ARMS="$ARMS gr"
 fi
-for n in $(seq 2 "$SEEDS"); do run "$n" $ARMS; done  # seed by seed: a grid stopped part-way has equal seeds
+for n in $(seq 2 "$SEEDS"); do  # seed by seed: a grid stopped part-way has equal seeds
+  for s in $(seq 0 $((n - 1))); do seed_build "$s" $ARMS; done
+  run "$n" $ARMS
+done
 $PY $HERE/verdict.py "$RESULTS"

@@ -246,6 +246,19 @@ def figure(arms: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def seed_builds(results: Path) -> dict[int, dict]:
+    """``{seed: {policy, classifier}}``: the held-out perplexity and final training loss of the builds each seed's
+    cells came from (``RESULTS/builds/seed<k>/``, recorded by grid.sh)."""
+    out = {}
+    for folder in sorted((results / "builds").glob("seed*")):
+        policy, classifier = folder / "policy.json", folder / "classifier.json"
+        if policy.exists() and classifier.exists():  # grid.sh records both before a seed's first cell
+            out[int(folder.name.removeprefix("seed"))] = {
+                "policy": json.loads(policy.read_text())["held_out_perplexity"],
+                "classifier": json.loads(classifier.read_text())["final_train_loss"]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path)
@@ -306,9 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     if pending:
         lines += ["", f"Pending (fewer than {SEEDS} finished seeds): " + ", ".join(
             f"{a} ({len(cells.get(a, {}))})" for a in pending)]
+    builds = seed_builds(args.results)
+    if builds:
+        lines += ["", "Builds (grid.sh: a seed's cells share one; seeds may differ): " + "; ".join(
+            f"seed {s}: policy held-out perplexity {b['policy']:.4f}, classifier final loss {b['classifier']:.4f}"
+            for s, b in builds.items())]
     if args.first_grid:
         lines += first_grid(args.first_grid)
-    summary = {"levels": LEVELS, "margin": MARGIN, "pending": pending,
+    summary = {"levels": LEVELS, "margin": MARGIN, "pending": pending, "builds": builds,
                "verdicts": {k: list(v) for k, v in verdicts.items()},
                "pairs": {f"{x} vs {y}": p for (x, y), p in pairs.items()}, "finals": finals}
     atomic_write_text(args.results / "summary.json", json.dumps(summary, indent=1) + "\n")
