@@ -405,7 +405,6 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     ({"foo": 1}, r"recipe\.yaml: Some keys are not used by the HfArgumentParser: \['foo'\]"),
     ({"load_in_4bit": "true"}, r"^ModelConfig\.load_in_4bit: True: quantised models are not built here"),
     ({"lora_r": "four"}, r"^ModelConfig\.lora_r: expected an integer, got 'four'"),
-    ({"lora_target_modules": "all-linear"}, r"^ModelConfig\.lora_target_modules: 'all-linear': name the modules"),
     ({"learning_rate": "fast"}, r"^GRPOConfig\.learning_rate: expected a number, got 'fast'"),
     ({"reward_funcs": "[letters]"}, r"^GRPOScriptArguments\.reward_funcs: 'letters': expected one of accuracy_"),
     ({"dataset_config": "plain_text"}, r"^GRPOScriptArguments\.dataset_config: 'plain_text': a dataset's config"),
@@ -523,3 +522,10 @@ def test_print_config_shows_what_a_recipe_would_train_with_and_writes_nothing(re
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert main(["train", str(path), "--trl", "rloo"]) == 2
     assert "--out: the run directory is required" in capsys.readouterr().err
+
+
+def test_all_linear_in_a_recipe_is_peft_s_all_linear(recipe):
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    assert config_from_recipe(recipe(lora_target_modules="all-linear"), "grpo").model.lora.target_modules == \
+        ["all-linear"]

@@ -378,6 +378,16 @@ def test_lora_targets_matching_nothing_are_refused_naming_the_key():
                               "layers include wte, wpe, c_attn, c_proj, c_fc, lm_head")
 
 
+def test_all_linear_puts_adapters_on_every_linear_layer_but_the_output_layer_as_peft_does():
+    from elastic_reset.rl.policy import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(cfg("model.lora.target_modules=[all-linear]").model)
+    wrapped = {name.split(".lora_A")[0].split(".")[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    with pytest.raises(ConfigError, match=r"^model\.lora\.target_modules: \['all-linear', 'q_proj'\]: 'all-linear' "):
+        load_model_and_tokenizer(cfg("model.lora.target_modules=[all-linear, q_proj]").model)
+
+
 def test_lora_targets_matching_some_modules_still_load():
     from elastic_reset.rl.policy import load_model_and_tokenizer
 

@@ -63,7 +63,8 @@ class LoraConfig(Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Dropout on the LoRA input. 0 keeps PPO's old and new log-probs comparable."""
     target_modules: Annotated[list[str], Field(min_length=1)] = field(default_factory=lambda: ["q_proj", "v_proj"])
-    """Module names that get adapters (peft's ``target_modules``)."""
+    """Module names that get adapters (peft's ``target_modules``), or ``[all-linear]``: every linear layer but the
+    output layer, as peft means it."""
 
 
 @dataclass

@@ -234,8 +234,6 @@ def _model_items(m: _Reader, bf16_stated: bool) -> list[str]:
     lora = {"r": m.number("lora_r", 16, int), "alpha": m.number("lora_alpha", 32, int)}  # read, used or not
     targets = m("lora_target_modules")
     targets = [targets] if isinstance(targets, str) else targets
-    if targets and "all-linear" in targets:
-        m.refuse("lora_target_modules", "'all-linear': name the modules (e.g. [q_proj, k_proj, v_proj, o_proj])")
     if m("use_peft"):
         items.append(f"model.lora={json.dumps({**lora, **({'target_modules': list(targets)} if targets else {})})}")
     if not bf16_stated:  # TRL's default is bf16; here bf16 where the hardware has it

@@ -91,8 +91,12 @@ def load_model_and_tokenizer(config: ModelConfig, seed: int = 0):
 
         # peft's own rule for a list (the name, or its last dotted parts); it would raise a raw ValueError.
         targets = list(config.lora.target_modules)
+        if "all-linear" in targets and targets != ["all-linear"]:
+            raise ConfigError(f"model.lora.target_modules: {reprlib.repr(targets)}: 'all-linear' stands alone")
         suffixes = tuple(f".{t}" for t in targets)
-        if not any(name in targets or name.endswith(suffixes) for name, _ in model.named_modules()):
+        if targets == ["all-linear"]:
+            targets = "all-linear"  # peft's own selection: every linear layer but the output layer
+        elif not any(name in targets or name.endswith(suffixes) for name, _ in model.named_modules()):
             layers = dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
                                    if not list(module.children()) and getattr(module, "weight", None) is not None
                                    and module.weight.dim() == 2)
