@@ -880,3 +880,11 @@ def test_a_prompt_longer_than_the_cut_is_warned_about_or_kept_whole(files, tmp_p
     with pytest.raises(ConfigError, match=r"^model\.max_prompt_tokens: the longest prompt \(120 tokens\) \+ "
                                           r"sampling\.max_new_tokens = 1120 exceeds the model's context length"):
         trainer("model.max_prompt_tokens=null", "sampling.max_new_tokens=1000")
+
+
+def test_a_trl_reward_by_its_trl_name_is_trls_function():
+    from trl.rewards import think_format_reward
+
+    from elastic_reset.tasks.prompts import reward_function
+
+    assert reward_function("think_format_reward") == ("think_format_reward", think_format_reward)

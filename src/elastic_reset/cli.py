@@ -63,7 +63,8 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
                         "datasets name: task.name=prompts, task.options.path (or .dataset); replaces the config's "
                         "task options")
     parser.add_argument("--reward", action="append", metavar="SPEC", help="a reward of the prompts task, as "
-                        "task.options.reward: module:function, path/to/file.py:function or a reward model's "
+                        "task.options.reward: module:function, path/to/file.py:function, a TRL reward name "
+                        "(think_format_reward, ...) or a reward model's "
                         "folder (repeatable: summed)")
     parser.add_argument("--trl", choices=("grpo", "rloo"), help="the config is the YAML of `trl grpo --config` (or "
                         "`trl rloo`): its trainer's, model's and script's settings carried over (README: Coming "

@@ -24,7 +24,7 @@ from typing import Any
 from elastic_reset.errors import ConfigError, first_line
 from elastic_reset.rl.config import SCHEDULERS, TrainConfig, config_from_dict, load_config
 from elastic_reset.rl.config_yaml import read_yaml_mapping
-from elastic_reset.tasks.prompts import source_option
+from elastic_reset.tasks.prompts import TRL_REWARDS, source_option
 
 DEFAULT_PROJECT = "huggingface"
 """transformers' default ``project``: left to the trackers' own default here."""
@@ -58,8 +58,6 @@ MODEL_IGNORED = frozenset({"attn_implementation", "lora_dropout", "bnb_4bit_quan
 RECIPES = {"grpo": ("trl.scripts.grpo", "GRPOScriptArguments", "GRPOConfig"),
            "rloo": ("trl.scripts.rloo", "RLOOScriptArguments", "RLOOConfig")}
 """The TRL scripts whose ``--config`` YAML :func:`config_from_recipe` reads: module, script settings, config."""
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
-"""The names the scripts' ``reward_funcs`` takes for functions of ``trl.rewards``."""
 
 
 class _Reader:

@@ -141,16 +141,22 @@ def _short_names(specs: list[str]) -> list[str]:
 
 
 _HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+"""The names TRL's scripts' ``reward_funcs`` takes for functions of ``trl.rewards``; a ``reward`` entry takes
+them too."""
 
 
 def reward_function(spec: Any, chat: bool = False,
                     chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str, Any]:
     """(name, function) of one ``reward`` entry: a function (from Python); ``module:function`` or
-    ``path/to/file.py:function``; or a reward model, as TRL's ``reward_funcs`` takes one: a folder (or a Hub name)
+    ``path/to/file.py:function``; a name of :data:`TRL_REWARDS` (``think_format_reward``: TRL's function); or a
+    reward model, as TRL's ``reward_funcs`` takes one: a folder (or a Hub name)
     of a sequence-classification model with one output, or a folder ``elastic-reset reward-model train`` wrote.
     ``chat``: the prompts are conversations; ``chat_template_kwargs``: for a reward model's template, as TRL."""
     if callable(spec):
         return getattr(spec, "__name__", repr(spec)), spec
+    if spec in TRL_REWARDS:
+        return spec, load_object(f"trl.rewards:{spec}", "task.options.reward")
     folder = Path(spec).expanduser() if isinstance(spec, str) else None
     if folder is None or not (folder.is_dir() or (_HUB_NAME.fullmatch(spec) and not folder.exists())):
         return spec, load_object(spec, "task.options.reward")
