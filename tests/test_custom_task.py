@@ -888,3 +888,24 @@ def test_a_trl_reward_by_its_trl_name_is_trls_function():
     from elastic_reset.tasks.prompts import reward_function
 
     assert reward_function("think_format_reward") == ("think_format_reward", think_format_reward)
+
+
+def test_conversations_mode_renders_prompts_as_trls_trainers_do_text_as_text_chat_through_the_template(files):
+    from trl.data_utils import maybe_apply_chat_template
+
+    from elastic_reset.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.chat_template = TEMPLATE
+    plain = [{"prompt": f"Question {i}?", "letter": "e"} for i in range(4)]
+    shown = {}
+    for name, rows, options in (("plain", plain, {"reward": f"{files / 'rewards.py'}:letter_reward"}),
+                                ("chat", chat_rows(), {})):
+        t = chat_task(files, rows, chat_template="conversations", **options)
+        t.bind_tokenizer(tok)
+        shown[name] = sorted(t.train_prompts + t.eval_prompts + t.test_prompts)
+        assert shown[name] == sorted(maybe_apply_chat_template({"prompt": r["prompt"]}, tok)["prompt"] for r in rows)
+    assert shown["plain"] == sorted(r["prompt"] for r in plain)  # text as it is, though the tokenizer has a template
+    assert "<system>Be brief.<user>Question 0?<assistant>" in shown["chat"]
+    with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: expected null, true, false or conv"):
+        chat_task(files, plain, chat_template="yes", reward=f"{files / 'rewards.py'}:letter_reward")

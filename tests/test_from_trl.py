@@ -387,6 +387,7 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     assert config.model.autocast == "auto"  # bf16 not stated: TRL's default is bf16, here where the hardware has it
     assert (config.task.name, o["path"].endswith("data"), o["split"], o["eval_split"]) == \
         ("prompts", True, "train", "test")  # a folder here; a datasets name (dataset: ...) online
+    assert o["chat_template"] == "conversations"  # as TRL renders prompts: text as text, chat messages templated
     assert o["reward"][0].endswith("reward-model") and o["reward"][1:] == ["my_rewards:letters",
                                                                            "trl.rewards:think_format_reward"]
     assert o["reward_weights"] == [1.0, 0.5, 0.1]

@@ -263,7 +263,8 @@ def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list
         return [f"task.options.{key}={json.dumps(value)}" for key, value in options.items()]
     if not isinstance(dataset, str):
         get.refuse("dataset_name", f"expected a dataset's name or folder, got {dataset!r}")
-    options = {source_option(dataset): dataset, "split": train, **options}
+    # TRL's rendering: chat messages through the template, a text prompt as it is
+    options = {source_option(dataset): dataset, "split": train, "chat_template": "conversations", **options}
     if eval_split and not os.path.isfile(dataset):  # TRL evaluates on it only with an eval_strategy; a file has
         # no splits: a held-out share of it here, as without one
         options["eval_split"] = test

@@ -15,7 +15,9 @@ The options (``task.options`` of a run; every one but ``reward`` and one source 
         eval_path: held_out.jsonl    # or eval_split: test, or eval_fraction: 0.1 (seeded by seed: 0)
         reference: texts.txt         # held-out human text for the perplexity drift (default: drift is kl_init)
         pretrain: more_texts.txt     # supervised text for the multitask / S2P methods
-        chat_template: null          # null: applied when the tokenizer has one; true / false: always / never
+        chat_template: null          # null: applied when the tokenizer has one; true / false: always / never;
+                                     # conversations: chat messages only, text as it is (TRL's rendering, the
+                                     # default of --trl recipes)
         chat_template_kwargs: {}     # for apply_chat_template (TRL's chat_template_kwargs): {enable_thinking: false}
 
 ``eval_path``, ``reference`` and ``pretrain`` each have a ``…_dataset`` twin (a hub name too) and ``reference`` /
@@ -54,7 +56,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from elastic_reset.data.prompts import TRL_KWARGS, read_texts
 from elastic_reset.errors import ConfigError, DataFileError, first_line
@@ -182,8 +184,9 @@ def reward_function(spec: Any, chat: bool = False,
 class PromptsTask(Task):
     """A :class:`Task` whose prompts are rendered with the policy's chat template once the tokenizer is known."""
 
-    chat_template: bool | None = None
-    """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never."""
+    chat_template: bool | Literal["conversations"] | None = None
+    """None: apply the tokenizer's chat template if it has one; True: apply it (an error if none); False: never;
+    ``"conversations"``: to chat messages only, a text prompt as it is, as TRL's trainers render prompts."""
     cut_prompts: bool = False
     """The user's prompts are theirs: one longer than ``model.max_prompt_tokens`` is warned about."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -199,7 +202,7 @@ class PromptsTask(Task):
         turn), with the generation prompt, as ``chat_template`` says; conversations always, so they need one.
         Idempotent: a second call renders the file's prompts again."""
         has = bool(getattr(tokenizer, "chat_template", None))
-        if self.chat_template and not has:
+        if self.chat_template is True and not has:
             raise ConfigError("task.options.chat_template: true, but the policy's tokenizer has no chat template")
         if self.conversations and not (has and self.chat_template is not False):
             raise ConfigError("task.options.chat_template: the prompts are chat messages, which need the policy's "
@@ -208,11 +211,13 @@ class PromptsTask(Task):
         if not self._raw:
             self._raw = {k: list(getattr(self, k)) for k in ("train_prompts", "eval_prompts", "test_prompts")}
         render = self.chat_template is not False and has
+        if self.chat_template == "conversations":  # TRL's maybe_apply_chat_template: text stays text
+            render = False
         reward = self.reward_fn if isinstance(self.reward_fn, TRLReward) else None
         for key, prompts in self._raw.items():
-            shown = ([_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]),
-                              self.chat_template_kwargs)
-                      for p in prompts] if render else list(prompts))
+            shown = [_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]),
+                             self.chat_template_kwargs) if render or p in self.conversations else p
+                     for p in prompts]
             setattr(self, key, shown)
             if reward is not None:
                 for raw, text in zip(prompts, shown):
@@ -243,7 +248,8 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
                  seed: int = 0, reference: str | None = None, reference_dataset: Any = None,
                  reference_split: str = "train", reference_column: str = "text", pretrain: str | None = None,
                  pretrain_dataset: Any = None, pretrain_split: str = "train", pretrain_column: str = "text",
-                 chat_template: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> PromptsTask:
+                 chat_template: bool | Literal["conversations"] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> PromptsTask:
     """Prompts from a file or dataset, a reward named by import path (see the module's docstring). From Python,
     as TRL's trainers take them: the ``…dataset`` options may be ``datasets`` objects (a ``DatasetDict`` split by
     the ``…split`` options) or lists of row dicts, and ``reward`` a function or a list of them."""
@@ -264,6 +270,10 @@ def prompts_task(data_dir: str | None = None, path: str | None = None, dataset: 
             or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights)):
         raise ConfigError(f"task.options.reward_weights: expected {len(specs)} finite number(s), one per reward, "
                           f"got {reward_weights!r}")
+    if chat_template not in (None, True, False, "conversations") or chat_template in (0, 1) and \
+            not isinstance(chat_template, bool):
+        raise ConfigError(f"task.options.chat_template: expected null, true, false or conversations, got "
+                          f"{chat_template!r}")
     template_kwargs = {} if chat_template_kwargs is None else chat_template_kwargs
     if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
         raise ConfigError(f"task.options.chat_template_kwargs: expected a mapping of template variables "
