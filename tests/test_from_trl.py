@@ -530,3 +530,16 @@ def test_all_linear_in_a_recipe_is_peft_s_all_linear(recipe):
 
     assert config_from_recipe(recipe(lora_target_modules="all-linear"), "grpo").model.lora.target_modules == \
         ["all-linear"]
+
+
+def test_every_refusal_of_a_recipe_comes_in_one_message(recipe):
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    with pytest.raises(ConfigError) as err:
+        config_from_recipe(recipe(load_in_4bit="true", use_dora="true", learning_rate="fast",
+                                  reward_funcs="[letters]"), "grpo")
+    said = str(err.value)
+    assert "\n" not in said and said.count("; ") == 3, said
+    for part in ("ModelConfig.load_in_4bit: True: quantised", "ModelConfig.use_dora: True: plain LoRA",
+                 "GRPOConfig.learning_rate: expected a number, got 'fast'", "reward_funcs: 'letters': expected"):
+        assert part in said, said

@@ -12,6 +12,8 @@ TRL generates or stores are not about the method and are ignored. ``trl`` itself
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import json
@@ -60,6 +62,31 @@ RECIPES = {"grpo": ("trl.scripts.grpo", "GRPOScriptArguments", "GRPOConfig"),
 """The TRL scripts whose ``--config`` YAML :func:`config_from_recipe` reads: module, script settings, config."""
 
 
+_REFUSALS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("refusals", default=None)
+"""The refusals of the conversion under way (:func:`_all_refusals`): a recipe's are said together, not one a run."""
+
+
+@contextlib.contextmanager
+def _all_refusals():
+    """Collect every refusal of the conversion inside (an outer one's list if nested) and raise them as one
+    ConfigError at its end, or in place of an error that a refused setting caused further on."""
+    if _REFUSALS.get() is not None:
+        yield
+        return
+    refusals: list[str] = []
+    token = _REFUSALS.set(refusals)
+    try:
+        yield
+    except Exception:
+        if refusals:
+            raise ConfigError("; ".join(refusals)) from None
+        raise
+    finally:
+        _REFUSALS.reset(token)
+    if refusals:
+        raise ConfigError("; ".join(refusals))
+
+
 class _Reader:
     """A TRL config's settings, read by name (transformers' enums as their values), each read remembered so that
     :func:`_refuse_unread` can find the rest; a refusal names the config's class and the setting."""
@@ -83,10 +110,15 @@ class _Reader:
                 raise ValueError
         except (TypeError, ValueError):
             self.refuse(name, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
+            return default
         return number
 
     def refuse(self, name: str, why: str) -> None:
-        raise ConfigError(f"{self.kind}.{name}: {why}")
+        """Refuse the setting: raised at once, or at the end of the conversion under way with the others."""
+        refusals = _REFUSALS.get()
+        if refusals is None:
+            raise ConfigError(f"{self.kind}.{name}: {why}")
+        refusals.append(f"{self.kind}.{name}: {why}")
 
     def check(self, rules: list[tuple[str, bool, str]]) -> None:
         for name, ok, why in rules:
@@ -94,6 +126,7 @@ class _Reader:
                 self.refuse(name, f"{self(name)!r}: {why}")
 
 
+@_all_refusals()
 def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.GRPOConfig``) says, then ``overrides`` (``--set``
     items: the model, the task, the drift-control method, ...). ``args.max_steps`` must be set: GRPO's epochs over
@@ -133,6 +166,7 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3")
 
 
+@_all_refusals()
 def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.RLOOConfig``) says, then ``overrides``, as
     :func:`config_from_grpo`. ``RLOOTrainer``'s method is this engine's ``rloo`` as the papers have it: β·Σ log
@@ -164,6 +198,7 @@ def recipe_output_dir(path: str | Path) -> str | None:
     return value
 
 
+@_all_refusals()
 def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
     """What ``trl <trainer> --config path`` trains (``trainer``: ``grpo`` or ``rloo``), then ``overrides``: the
     trainer's settings carried over by :func:`config_from_grpo` / :func:`config_from_rloo`, ``ModelConfig``'s as
@@ -382,5 +417,5 @@ def _refuse_unread(get: _Reader, ignored: frozenset[str] = IGNORED) -> None:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if getattr(args, f.name) != default:
-            raise ConfigError(f"{get.kind}.{f.name}: {getattr(args, f.name)!r}: not known to this version of "
-                              "elastic-reset; leave it at its default")
+            get.refuse(f.name, f"{getattr(args, f.name)!r}: not known to this version of elastic-reset; leave it at "
+                               "its default")
