@@ -543,3 +543,13 @@ def test_every_refusal_of_a_recipe_comes_in_one_message(recipe):
     for part in ("ModelConfig.load_in_4bit: True: quantised", "ModelConfig.use_dora: True: plain LoRA",
                  "GRPOConfig.learning_rate: expected a number, got 'fast'", "reward_funcs: 'letters': expected"):
         assert part in said, said
+
+
+def test_launcher_settings_in_a_recipe_are_accelerate_launchs_said_once_and_a_typo_is_still_refused(recipe):
+    from elastic_reset.rl.from_trl import LauncherSettingsWarning, config_from_recipe
+
+    with pytest.warns(LauncherSettingsWarning, match=r"num_processes, accelerate_config: settings of `accelerate "):
+        config = config_from_recipe(recipe(num_processes=2, accelerate_config="zero2"), "grpo")
+    assert config.task.name == "prompts"
+    with pytest.raises(ConfigError, match=r"Some keys are not used by the HfArgumentParser: \['num_proceses'\]"):
+        config_from_recipe(recipe(num_proceses=2), "grpo")

@@ -198,6 +198,32 @@ def recipe_output_dir(path: str | Path) -> str | None:
     return value
 
 
+class LauncherSettingsWarning(UserWarning):
+    """A recipe holds settings of ``accelerate launch`` (``num_processes``, ``accelerate_config``, ...), which
+    ``trl grpo`` passes to the launcher and this command does not launch."""
+
+
+def _recipe_classes(trainer: str) -> tuple[type, type, type]:
+    """The script's settings, the trainer's config and ``ModelConfig``: the classes ``trl <trainer>`` parses."""
+    import trl
+
+    module, script_class, config_class = RECIPES[trainer]
+    return getattr(importlib.import_module(module), script_class), getattr(trl, config_class), trl.ModelConfig
+
+
+def _launcher_settings(data: dict[str, Any], classes: tuple[type, ...]) -> list[str]:
+    """Remove from ``data`` and name the keys that no class of ``classes`` knows and ``accelerate launch`` does
+    (``accelerate_config``: TRL's name for its ``--config_file``); others stay, for the parser to refuse."""
+    from accelerate.commands.launch import launch_command_parser
+
+    known = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    launch = {action.dest for action in launch_command_parser()._actions} | {"accelerate_config"}
+    found = [key for key in data if key not in known and key in launch]
+    for key in found:
+        del data[key]
+    return found
+
+
 @_all_refusals()
 def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
     """What ``trl <trainer> --config path`` trains (``trainer``: ``grpo`` or ``rloo``), then ``overrides``: the
@@ -209,7 +235,7 @@ def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()
         raise ConfigError(f"--trl: expected one of {', '.join(RECIPES)}, got {trainer!r}")
     data = read_yaml_mapping(path)
     try:
-        import trl
+        import trl  # noqa: F401  (the settings' classes: _recipe_classes)
         from transformers import HfArgumentParser
     except ImportError:
         raise ConfigError(f"{path}: a TRL recipe is read with TRL's own settings: pip install 'elastic-reset[trl]'"
@@ -222,11 +248,15 @@ def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()
         raise ConfigError(f"{path}: datasets: TRL's dataset mixtures are not read here; give dataset_name")
     task_options = {name: data.pop(name) for name in ("reward_weights", "chat_template_kwargs")
                     if data.get(name) is not None}  # the trainer's in TRL, the prompts task's here
+    launcher = _launcher_settings(data, classes := _recipe_classes(trainer))
+    if launcher:  # `trl grpo` hands the keys its parser does not know to `accelerate launch`
+        warnings.warn(f"{path}: {', '.join(launcher)}: settings of `accelerate launch`, which `trl {trainer}` "
+                      "passes to it; not this command's: run it under `accelerate launch` with them",
+                      LauncherSettingsWarning, stacklevel=2)
     stated = set(data)
     if "use_cpu" not in data and not _cuda():
         data["use_cpu"] = True  # else TrainingArguments refuses TRL's default bf16 on a CPU
-    module, script_class, config_class = RECIPES[trainer]
-    classes = (getattr(importlib.import_module(module), script_class), getattr(trl, config_class), trl.ModelConfig)
+    script_class = RECIPES[trainer][1]
     try:
         with warnings.catch_warnings():  # transformers' deprecation of a setting TRL's config sets itself
             warnings.filterwarnings("ignore", ".*gradient_checkpointing.*", FutureWarning)
