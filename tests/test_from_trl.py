@@ -553,3 +553,18 @@ def test_launcher_settings_in_a_recipe_are_accelerate_launchs_said_once_and_a_ty
     assert config.task.name == "prompts"
     with pytest.raises(ConfigError, match=r"Some keys are not used by the HfArgumentParser: \['num_proceses'\]"):
         config_from_recipe(recipe(num_proceses=2), "grpo")
+
+
+def test_prompts_on_a_recipe_replace_its_dataset_and_keep_its_rewards_as_trl_s_dataset_name_flag(recipe, tmp_path,
+                                                                                                   capsys):
+    import yaml
+
+    from elastic_reset.cli import main
+
+    (tmp_path / "other.jsonl").write_text('{"prompt": "Another:"}\n' * 4)
+    path = recipe(reward_model_name_or_path=None, reward_weights=None, reward_funcs="[my_rewards.letters]")
+    assert main(["train", str(path), "--trl", "grpo", "--prompts", str(tmp_path / "other.jsonl"),
+                 "--print-config"]) == 0
+    options = yaml.safe_load(capsys.readouterr().out)["task"]["options"]
+    assert options["path"] == str(tmp_path / "other.jsonl") and "dataset" not in options
+    assert options["reward"] == ["my_rewards:letters"] and options["chat_template"] == "conversations"

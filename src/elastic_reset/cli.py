@@ -44,12 +44,13 @@ from elastic_reset.evaluation.runs import DRIFTS, SCORES
 def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` items, after those that ``--model``, ``--prompts`` and ``--reward`` stand for (TRL's CLI habits:
     ``--model_name_or_path``, ``--dataset_name``, ``--reward_funcs``); a ``--set`` given too wins. ``--prompts``
-    replaces the config's task options; ``--reward`` alone replaces only its reward."""
+    replaces the config's task options; ``--reward`` alone replaces only its reward. With ``--trl``, ``--prompts``
+    is the recipe's ``dataset_name`` instead (:func:`_recipe_dataset`), and its rewards stay."""
     from elastic_reset.tasks.prompts import source_option
 
     items = [f"model.name={json.dumps(args.model)}"] if args.model else []
     reward = (args.reward if len(args.reward) > 1 else args.reward[0]) if args.reward else None
-    if args.prompts is not None:
+    if args.prompts is not None and not getattr(args, "trl", None):
         options = {source_option(args.prompts): args.prompts, **({"reward": reward} if reward else {})}
         items += ["task.name=prompts", f"task.options={json.dumps(options)}"]
     elif reward:
@@ -57,11 +58,16 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return items + (args.set or [])
 
 
+def _recipe_dataset(args: argparse.Namespace) -> str | None:
+    """``--prompts`` with ``--trl``: the recipe's ``dataset_name``, as ``trl grpo --dataset_name`` replaces it."""
+    return args.prompts if getattr(args, "trl", None) else None
+
+
 def _add_task_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model.name: a Hub name or a folder (or smollm2, tiny-llama, ...)")
     parser.add_argument("--prompts", metavar="FILE|DATASET", help="the prompts task on this file or folder, or "
                         "datasets name: task.name=prompts, task.options.path (or .dataset); replaces the config's "
-                        "task options")
+                        "task options (with --trl: the recipe's dataset_name, its rewards kept)")
     parser.add_argument("--reward", action="append", metavar="SPEC", help="a reward of the prompts task, as "
                         "task.options.reward: module:function, path/to/file.py:function, a TRL reward name "
                         "(think_format_reward, ...) or a reward model's "
@@ -77,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
     from elastic_reset.rl.from_trl import load_run_config, recipe_output_dir
     from elastic_reset.rl.trainer import RLTrainer
 
-    config = load_run_config(args.config, args.trl, _overrides(args))
+    config = load_run_config(args.config, args.trl, _overrides(args), _recipe_dataset(args))
     if args.print_config:
         print(config_to_yaml(config), end="")
         return 0
@@ -106,7 +112,8 @@ def _compare(args: argparse.Namespace) -> int:
     command = ["elastic-reset", "compare", args.config, "--out", args.out, "--methods",
                ",".join(m if label == m else f"{label}={m}" for label, m in methods.items()),
                "--seeds", str(args.seeds)]
-    for flag, value in (("--trl", args.trl), ("--drift", args.drift), ("--score", args.score)):
+    for flag, value in (("--trl", args.trl), ("--prompts", _recipe_dataset(args)), ("--drift", args.drift),
+                        ("--score", args.score)):
         command += [flag, value] if value is not None else []
     command += ["--jobs", str(args.jobs)] if args.jobs != 1 else []
     command += ["--prune-finished"] if args.prune_finished else []
@@ -114,7 +121,7 @@ def _compare(args: argparse.Namespace) -> int:
         command += ["--set", item]
     for item in args.method_set or []:
         command += ["--method-set", item]
-    summary = run_grid(GridConfig(Path(args.config), args.trl), args.out, methods, args.seeds, args.set or [],
+    summary = run_grid(GridConfig(Path(args.config), args.trl, _recipe_dataset(args)), args.out, methods, args.seeds, args.set or [],
                        method_overrides, drift=args.drift, command=command, score=args.score, jobs=args.jobs,
                        prune=args.prune_finished)
     if summary is None:

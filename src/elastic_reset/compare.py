@@ -73,14 +73,17 @@ class GridConfig:
 
     path: Path
     trl: str | None = None
+    dataset: str | None = None
+    """A recipe's ``dataset_name`` replaced (``--prompts`` with ``--trl``), its rewards kept."""
 
     def load(self, overrides: list[str]) -> TrainConfig:
-        return load_run_config(self.path, self.trl, overrides)
+        return load_run_config(self.path, self.trl, overrides, self.dataset)
 
     def train_command(self) -> list[str]:
         """``elastic-reset train`` on this file, as a child process runs it (``--out`` and ``--set`` to add)."""
         return [sys.executable, "-m", "elastic_reset.cli", "train", str(self.path),
-                *(["--trl", self.trl] if self.trl else [])]
+                *(["--trl", self.trl] if self.trl else []),
+                *(["--prompts", self.dataset] if self.dataset is not None else [])]
 
 
 ConfigPath = str | Path | GridConfig
@@ -427,6 +430,7 @@ def run_grid(config_path: ConfigPath, out_dir: str | Path, methods: list[str] | 
             "command": shlex.join(command) if command else None,
             "argv": list(command) if command else None,
             "grid": {"config": str(source.path), **({"trl": source.trl} if source.trl else {}),
+                     **({"dataset": source.dataset} if source.dataset is not None else {}),
                      "methods": _as_labels(methods), "seeds": seeds,
                      "overrides": list(overrides), "method_overrides": method_overrides or {}},
             "runs": actions,

@@ -183,10 +183,14 @@ def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
     return _carried_over(get, overrides, algo, beta=get.number("beta", 0.05), estimator="k1")
 
 
-def load_run_config(path: str | Path, trl: str | None, overrides: list[str] = ()) -> TrainConfig:
+def load_run_config(path: str | Path, trl: str | None, overrides: list[str] = (),
+                    dataset: str | None = None) -> TrainConfig:
     """A run's config from ``path``: a YAML config of this engine's, or with ``trl`` (``grpo``, ``rloo``) a TRL
-    command-line recipe (:func:`config_from_recipe`); then ``overrides``."""
-    return config_from_recipe(path, trl, overrides) if trl else load_config(path, overrides)
+    command-line recipe (:func:`config_from_recipe`, its ``dataset_name`` replaced by ``dataset`` if given, as
+    ``trl grpo --dataset_name``); then ``overrides``."""
+    if not trl:
+        return load_config(path, overrides)
+    return config_from_recipe(path, trl, overrides, {"dataset_name": dataset} if dataset is not None else None)
 
 
 def recipe_output_dir(path: str | Path) -> str | None:
@@ -225,15 +229,16 @@ def _launcher_settings(data: dict[str, Any], classes: tuple[type, ...]) -> list[
 
 
 @_all_refusals()
-def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()) -> TrainConfig:
+def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = (),
+                       settings: dict[str, Any] | None = None) -> TrainConfig:
     """What ``trl <trainer> --config path`` trains (``trainer``: ``grpo`` or ``rloo``), then ``overrides``: the
     trainer's settings carried over by :func:`config_from_grpo` / :func:`config_from_rloo`, ``ModelConfig``'s as
     the model and its LoRA, the script's (``dataset_name``, ``reward_funcs``, ``reward_model_name_or_path``) with
     ``reward_weights`` and ``chat_template_kwargs`` as the prompts task. ``env:`` sets environment variables, as
-    TRL's parser does. Needs TRL."""
+    TRL's parser does. ``settings`` replace the recipe's, as ``trl grpo``'s command-line flags do. Needs TRL."""
     if trainer not in RECIPES:
         raise ConfigError(f"--trl: expected one of {', '.join(RECIPES)}, got {trainer!r}")
-    data = read_yaml_mapping(path)
+    data = {**read_yaml_mapping(path), **(settings or {})}
     try:
         import trl  # noqa: F401  (the settings' classes: _recipe_classes)
         from transformers import HfArgumentParser
