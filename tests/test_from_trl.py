@@ -74,7 +74,7 @@ def test_grpos_loss_carries_over_clipped_ratio_and_all(loss_type, aggregation):
 
 
 @pytest.mark.parametrize("settings, pattern", [
-    ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps"),
+    ({"max_steps": -1}, r"^GRPOConfig\.max_steps: set the number of optimizer steps, or give the prompts"),
     ({"loss_type": "gpg"}, r"^GRPOConfig\.loss_type: 'gpg': one of dapo, bnpo, grpo, dr_grpo, cispo, sapo, luspo, "
                            r"vespo here"),
     ({"reward_weights": [1.0, 2.0]}, r"^GRPOConfig\.reward_weights: .*give it to the prompts task"),
@@ -568,3 +568,14 @@ def test_prompts_on_a_recipe_replace_its_dataset_and_keep_its_rewards_as_trl_s_d
     options = yaml.safe_load(capsys.readouterr().out)["task"]["options"]
     assert options["path"] == str(tmp_path / "other.jsonl") and "dataset" not in options
     assert options["reward"] == ["my_rewards:letters"] and options["chat_template"] == "conversations"
+
+
+def test_a_recipe_without_max_steps_runs_num_train_epochs_over_its_dataset_as_transformers_counts_them(recipe):
+    from elastic_reset.rl.from_trl import config_from_recipe
+
+    # 8 training prompts, 2 a generation batch (4 completions of 2): 4 iterations an epoch
+    assert config_from_recipe(recipe(max_steps=None, num_train_epochs=2), "grpo").steps == 8
+    assert config_from_recipe(recipe(max_steps=None), "grpo").steps == 12  # TrainingArguments' default: 3 epochs
+    # one prompt a batch (4 completions of 4), two optimizer steps an iteration: 8 iterations an epoch
+    assert config_from_recipe(recipe(max_steps=None, num_generations=4, num_iterations=2, eval_steps=2),
+                              "rloo").steps == 24

@@ -127,10 +127,10 @@ class _Reader:
 
 
 @_all_refusals()
-def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
+def config_from_grpo(args: Any, overrides: list[str] = (), *, train_prompts: int | None = None) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.GRPOConfig``) says, then ``overrides`` (``--set``
-    items: the model, the task, the drift-control method, ...). ``args.max_steps`` must be set: GRPO's epochs over
-    a dataset have no counterpart here."""
+    items: the model, the task, the drift-control method, ...). Without ``args.max_steps``, the run is
+    ``num_train_epochs`` over ``train_prompts`` prompts, counted as transformers counts TRL's steps."""
     get = _Reader(args, "GRPOConfig")
     loss_type = get("loss_type", "dapo")
     get.check([
@@ -163,11 +163,12 @@ def config_from_grpo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         algo["entropy_target"] = None  # a fixed entropy_coef
     if get("multi_objective_aggregation", "sum_then_normalize") == "normalize_then_sum":  # GDPO: then over the batch
         algo.update(reward_aggregation="normalize_then_sum", scale_rewards="none", whiten_advantages=True)
-    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3")
+    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.0), estimator="k3",
+                         train_prompts=train_prompts)
 
 
 @_all_refusals()
-def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
+def config_from_rloo(args: Any, overrides: list[str] = (), *, train_prompts: int | None = None) -> TrainConfig:
     """The :class:`TrainConfig` that trains as ``args`` (a ``trl.RLOOConfig``) says, then ``overrides``, as
     :func:`config_from_grpo`. ``RLOOTrainer``'s method is this engine's ``rloo`` as the papers have it: β·Σ log
     π/π_ref in the reward (``kl.estimator: k1``), the leave-one-out baseline, the whole sequence's probability ratio
@@ -180,7 +181,8 @@ def config_from_rloo(args: Any, overrides: list[str] = ()) -> TrainConfig:
         get.refuse("reward_clip_range", f"expected [low, high], got {clip!r}")
     algo = {"ratio": "sequence_sum", "loss_aggregation": "sequence", "scale_rewards": "none",
             "whiten_advantages": bool(get("normalize_advantages", False)), "reward_clip_range": clip}
-    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.05), estimator="k1")
+    return _carried_over(get, overrides, algo, beta=get.number("beta", 0.05), estimator="k1",
+                         train_prompts=train_prompts)
 
 
 def load_run_config(path: str | Path, trl: str | None, overrides: list[str] = (),
@@ -275,7 +277,20 @@ def config_from_recipe(path: str | Path, trainer: str, overrides: list[str] = ()
     for reader in (m, script_get):
         _refuse_unread(reader, MODEL_IGNORED)
     carry = config_from_grpo if trainer == "grpo" else config_from_rloo
-    return carry(args, items + list(overrides))
+    return carry(args, items + list(overrides), train_prompts=_train_prompts(script_get, args))
+
+
+def _train_prompts(get: _Reader, args: Any) -> int | None:
+    """The rows of the recipe's training split, for ``num_train_epochs`` when ``max_steps`` is not set (else
+    None: not read)."""
+    dataset = get("dataset_name")
+    if (getattr(args, "max_steps", -1) or -1) > 0 or not isinstance(dataset, str):
+        return None
+    from elastic_reset.data.prompts import read_rows
+
+    key = source_option(dataset)
+    return len(read_rows(dataset, f"task.options.{key}", split=get("dataset_train_split", "train"),
+                         dataset=key == "dataset"))
 
 
 def _cuda() -> bool:
@@ -342,7 +357,7 @@ def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list
 
 
 def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta: float,
-                  estimator: str) -> TrainConfig:
+                  estimator: str, train_prompts: int | None = None) -> TrainConfig:
     """What ``GRPOConfig`` and ``RLOOConfig`` share (batches, schedule, sampling, saving, logging), with ``algo``
     (the trainer's own loss settings) on top, as a :class:`TrainConfig`."""
     k = get.number("num_generations", None, int)
@@ -358,9 +373,15 @@ def _carried_over(get: _Reader, overrides: list[str], algo: dict[str, Any], beta
     epochs = get.number("num_iterations", 1, int)
     updates = epochs * generation // per_step  # optimizer steps an iteration
     max_steps = get.number("max_steps", -1, int)
-    if max_steps <= 0:
-        get.refuse("max_steps", "set the number of optimizer steps; epochs over a dataset (num_train_epochs) have no "
-                                "counterpart here, where a run is a number of iterations")
+    if max_steps <= 0 and train_prompts is None:
+        get.refuse("max_steps", "set the number of optimizer steps, or give the prompts' count (train_prompts=; "
+                                "a recipe's dataset_name is counted) for num_train_epochs")
+    elif max_steps <= 0:  # as transformers counts TRL's epochs: every prompt once an epoch, in whole generation
+        per_epoch = train_prompts // (generation // k)  # batches (TRL's sampler drops the last, partial one)
+        if per_epoch == 0:
+            get.refuse("num_train_epochs", f"{train_prompts} training prompts, fewer than a generation batch's "
+                                           f"{generation // k}: set max_steps")
+        max_steps = math.ceil(get.number("num_train_epochs", 3.0) * per_epoch * updates)
 
     def iterations(name: str, value: float | None) -> int:
         """Optimizer steps (transformers: a value under 1 is that fraction of max_steps, rounded up) as
