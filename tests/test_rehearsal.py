@@ -11,7 +11,7 @@ from helpers import REHEARSAL, tiny_config
 
 from elastic_reset.errors import ConfigError
 from elastic_reset.lm.scoring import forward_response
-from elastic_reset.rl import trainer as trainer_module
+from elastic_reset.rl import components as components_module
 from elastic_reset.rl.rehearsal import Rehearsal, select_representatives
 from elastic_reset.rl.trainer import RLTrainer
 
@@ -85,11 +85,17 @@ def test_a_run_rehearses_the_initial_policys_best_answers_and_trains_on_the_othe
     def no_sampling(*args):
         raise AssertionError("a resumed run selected its rehearsal set again")
 
-    monkeypatch.setattr(trainer_module, "choose_examples", no_sampling)
+    monkeypatch.setattr(components_module, "choose_examples", no_sampling)
     resumed = RLTrainer(tiny_config(*run, "steps=3"), tmp_path / "run", resume=True)
-    assert resumed.rehearsal.examples == examples
-    assert resumed.rehearsal.position == trainer.rehearsal.position == 2
+    assert rehearsal_of(resumed).examples == examples
+    assert rehearsal_of(resumed).position == rehearsal_of(trainer).position == 2
     resumed.close()
+
+
+def rehearsal_of(trainer) -> Rehearsal:
+    """The run's Selective Rehearsal set, held by its rehearsal component."""
+    (component,) = [c for c in trainer.components if c.key == "rehearsal"]
+    return component.rehearsal
 
 
 def rehearsal_nll(trainer, examples) -> float:
@@ -104,7 +110,7 @@ def rehearsal_nll(trainer, examples) -> float:
 def test_rehearsal_keeps_the_rehearsal_set_likelier_than_plain_rl(tmp_path):
     common = ["steps=12", "algo.lr=3e-3", "kl.coef=0", "kl.target=null", *REHEARSAL]
     with_sr = RLTrainer(tiny_config("method.name=none", "rehearsal.coef=0.2", *common), tmp_path / "sr")
-    examples = with_sr.rehearsal.examples
+    examples = rehearsal_of(with_sr).examples
     before = rehearsal_nll(with_sr, examples)
     with_sr.train()
     plain = RLTrainer(tiny_config("method.name=none", *common[:4]), tmp_path / "plain")
@@ -121,3 +127,12 @@ def test_rehearsal_settings_are_checked_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match="^rehearsal.prompts: 64 exceeds the task's 30 training prompts"):
         RLTrainer(tiny_config("method.name=selective_rehearsal", "rehearsal.prompts=64"), tmp_path / "run")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_rehearsal_set_that_leaves_too_few_training_prompts_is_refused_by_name(tmp_path):
+    # 30 training prompts, 6 reserved: 24 left for 25 a step
+    config = tiny_config("method.name=selective_rehearsal", *REHEARSAL, "algo.prompts_per_step=25",
+                         "algo.minibatch_size=10")
+    with pytest.raises(ConfigError, match=r"rehearsal.exclude: the 6 prompts .* leave 24 training prompts"):
+        RLTrainer(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

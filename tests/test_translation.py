@@ -341,10 +341,10 @@ def test_listener_update_lowers_its_loss_on_the_batch(agents):
 def test_frozen_speaker_never_changes_while_the_listener_learns(agents, tmp_path):
     trainer = RLTrainer(game_config(agents, "method.name=frozen"), tmp_path / "run")
     speaker = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    listener = {n: p.detach().clone() for n, p in trainer.learned_reward.model.named_parameters()}
+    listener = {n: p.detach().clone() for n, p in trainer.task.reward_fn.model.named_parameters()}
     records = trainer.train()
     assert all(torch.equal(p, speaker[n]) for n, p in trainer.model.named_parameters())
-    assert any(not torch.equal(p, listener[n]) for n, p in trainer.learned_reward.model.named_parameters())
+    assert any(not torch.equal(p, listener[n]) for n, p in trainer.task.reward_fn.model.named_parameters())
     assert all("reward_model/loss" in r for r in records if "reward" in r)
 
 
@@ -454,9 +454,9 @@ def test_reinforce_raises_a_reward_through_the_encoder_decoder_speaker(agents, t
     config = game_config(agents, "method.name=none", "algo.lr=1e-2", "kl.coef=0.0", "task.options.listener_lr=0",
                          "steps=30", "eval.every=30", "checkpoint_every=0")
     trainer = RLTrainer(config, tmp_path / "run")
-    listener = {n: p.detach().clone() for n, p in trainer.learned_reward.model.named_parameters()}
+    listener = {n: p.detach().clone() for n, p in trainer.task.reward_fn.model.named_parameters()}
     records = trainer.train()
-    assert all(torch.equal(p, listener[n]) for n, p in trainer.learned_reward.model.named_parameters())  # lr 0
+    assert all(torch.equal(p, listener[n]) for n, p in trainer.task.reward_fn.model.named_parameters())  # lr 0
     start, end = (next(r["eval/reward"] for r in records if r.get("step") == s and "eval/reward" in r)
                   for s in (0, 30))
     assert end > start + 0.15, f"held-out reward {start:.3f} -> {end:.3f} in 30 iterations"
@@ -483,5 +483,5 @@ def test_the_game_plays_on_cuda_with_the_listener_beside_the_speaker(agents, tmp
     trainer = RLTrainer(game_config(agents, "model.device=cuda", "method.name=elastic_reset", "kl.coef=0.001"),
                         tmp_path / "run")
     records = trainer.train()
-    assert next(trainer.model.parameters()).is_cuda and next(trainer.learned_reward.model.parameters()).is_cuda
+    assert next(trainer.model.parameters()).is_cuda and next(trainer.task.reward_fn.model.parameters()).is_cuda
     assert [r["step"] for r in records if "test/task_bleu" in r] == [4]

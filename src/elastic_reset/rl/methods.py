@@ -3,10 +3,12 @@
 The loop calls, in order: ``setup`` once; per iteration ``sampling_mask`` (NLPO) before the rollout;
 ``extra_loss`` inside each optimizer step (multitask); ``on_gradients`` once the step's gradients are in ``.grad``
 and before clipping and the optimizer step (gradient regularisation); ``on_optimizer_step`` after each optimizer step;
-``on_epoch_end`` after each pass over the rollout batch; ``on_iteration_end`` once the iteration is done. A method
-sees the trainer only through :class:`PolicyHandle` (the policy, its optimizer, the task's pretraining text and an
-NLL function), given at ``setup``, and the trainer sees a method only through these hooks and its capability flags
-(``uses_kl``, ``updates_policy``, ``keeps_ema``), from which the run config's rules are derived too.
+``on_epoch_end`` after each pass over the rollout batch; ``on_batch`` once the update is done, with the kept samples
+(a reward that learns); ``on_iteration_end`` once the iteration is done. A method sees the trainer only through
+:class:`PolicyHandle` (the policy, its optimizer, the task's pretraining text and an NLL function), given at
+``setup``, and the trainer sees a method only through these hooks and its capability flags (``uses_kl``,
+``updates_policy``, ``keeps_ema``), from which the run config's rules are derived too. What combines with any method
+(Selective Rehearsal, a reward that learns) is a component (``rl/components.py``) on the same :class:`LoopHooks`.
 
 Each method has its own config class (its ``Config``), beside it here: the run config's ``method`` section is the
 union of them, chosen by ``method.name``. A new method is a subclass with its ``Config`` and one line in
@@ -57,7 +59,29 @@ class SamplingMask:
     min_tokens_to_keep: int
 
 
-class DriftMethod:
+class LoopHooks:
+    """The loop's hooks, in the order it calls them (the module's docstring); each does nothing here. A run's method
+    and its components (``rl/components.py``) are called in turn, the method first."""
+
+    def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]] | None:
+        """A term added to each forward's loss of an optimizer step, and its statistics; None: none."""
+        return None
+
+    def on_optimizer_step(self) -> None:
+        pass
+
+    def on_batch(self, prompts: list[str], completions: list[str]) -> dict[str, float]:
+        """Called once the iteration's update is done, with its kept samples; returns entries for its metrics."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class DriftMethod(LoopHooks):
     """The base of every drift-control method: its hooks do nothing, its flags say what the loop must do."""
 
     Config: ClassVar[type[Section]]
@@ -80,18 +104,12 @@ class DriftMethod:
     def sampling_mask(self) -> SamplingMask | None:
         return None
 
-    def extra_loss(self) -> tuple[torch.Tensor, dict[str, float]] | None:
-        return None
-
     def on_gradients(self, params: list[torch.nn.Parameter], recompute: Callable[[], None]) -> dict[str, float]:
         """Called with the step's gradients in ``params``' ``.grad`` (averaged over ranks), before clipping and the
         optimizer step; may rewrite them. ``recompute()`` runs the step's loss again at the parameters' current
         values on the same samples (the extra loss drawn again) and leaves its gradients in ``.grad``. Returns
         entries for the step's statistics."""
         return {}
-
-    def on_optimizer_step(self) -> None:
-        pass
 
     def on_epoch_end(self) -> None:
         pass
@@ -111,12 +129,6 @@ class DriftMethod:
         """A block in which the policy holds the method's own KL reference weights, or None: the run's
         (``kl.reference``)."""
         return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 @dataclass

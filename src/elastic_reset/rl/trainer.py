@@ -27,9 +27,9 @@ from elastic_reset.lm.cpu_bf16 import precast_weights, release_packed_linears, u
 from elastic_reset.lm.device import autocast_dtype, resolve_device
 from elastic_reset.lm.rollout import Rollout
 from elastic_reset.lm.scoring import ResponseOutput, contiguous_head_input
-from elastic_reset.rewards.learned import LearnedReward
 from elastic_reset.rl import ops
 from elastic_reset.rl.checkpoint import list_checkpoints, save_checkpoint
+from elastic_reset.rl.components import build_components
 from elastic_reset.rl.config import TrainConfig, config_to_dict
 from elastic_reset.rl.distributed import DataParallel, mean_record
 from elastic_reset.rl.estimators import Minibatch, build_estimator
@@ -43,12 +43,22 @@ from elastic_reset.rl.policy import (
     load_model_and_tokenizer,
     trainable_named_parameters,
 )
-from elastic_reset.rl.rehearsal import FILE as REHEARSAL_FILE
-from elastic_reset.rl.rehearsal import Rehearsal, choose_examples
 from elastic_reset.rl.reward import CheckedReward, RewardResult, add_logged, completion_rows, component_means
 from elastic_reset.rl.rundir import RunDirectory
 from elastic_reset.rl.tracking import Trackers
 from elastic_reset.tasks import Task, get_task
+
+
+class _Clock:
+    """Wall-clock seconds of the phases of an iteration, each since the previous one."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.times[phase], self._last = now - self._last, now
 
 
 class CheckpointMismatch(ValueError):
@@ -89,8 +99,8 @@ class RLTrainer:
                 if found is not None:
                     self._resume_from(*found)
             self.run.write_config(self.task.name, self.task.score_key, self.task.drift_key)
-            if self.rehearsal is not None and self.dp.is_main:
-                self.rehearsal.save(self.out_dir / REHEARSAL_FILE)
+            for component in self.components if self.dp.is_main else ():
+                component.save(self.out_dir)
         except BaseException:
             self.close()
             self.run.abandon()
@@ -101,7 +111,6 @@ class RLTrainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.task = task or get_task(config.task.name, config.task.data_dir, **config.task.options)
-        self.learned_reward = self.task.reward_fn if isinstance(self.task.reward_fn, LearnedReward) else None
 
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, seed=config.seed)
         bind = getattr(self.task, "bind_tokenizer", None)
@@ -112,8 +121,6 @@ class RLTrainer:
         contiguous_head_input(self.model)
         self.is_lora = config.model.lora is not None
         self.autocast_dtype = autocast_dtype(config.model.autocast, self.device)
-        if self.learned_reward is not None:
-            self.learned_reward.to(self.device)
         use_fp32_attention(self.model, self.autocast_dtype)  # before any copy of the model (reference, NLPO mask)
         self.policy = Policy(self.model, self.tokenizer, sampling=config.sampling,
                              max_prompt_tokens=config.model.max_prompt_tokens, autocast_dtype=self.autocast_dtype,
@@ -143,13 +150,12 @@ class RLTrainer:
         self.method = build_method(config.method)
         self.method.setup(PolicyHandle(self.model, self.optimizer, list(self.task.pretrain_texts), self.policy.nll))
         self.evaluator = Evaluator(self.policy, self.task, config, self.reference, self.reward, self.run)
-        self.rehearsal = self._set_up_rehearsal()  # from the initial weights, which the model still holds here
-        reserved = self.rehearsal.prompts if self.rehearsal is not None and config.rehearsal_settings().exclude \
-            else set()
+        # from the initial weights, which the model still holds here (Selective Rehearsal's set)
+        self.components = build_components(config, self.task, self.policy, self.reward, self.dp, self.out_dir,
+                                           self.tokenizer.pad_token_id)
+        self.hooks = [self.method, *self.components]
+        reserved = {p for component in self.components for p in component.reserved_prompts}
         self.train_prompts = [p for p in self.task.train_prompts if p not in reserved]
-        if len(self.train_prompts) < config.algo.prompts_per_step:
-            raise ConfigError(f"rehearsal.exclude: the {len(reserved)} prompts reserved for rehearsal leave "
-                              f"{len(self.train_prompts)} training prompts, fewer than algo.prompts_per_step")
         # Before any resume: the model still holds the initial weights here. Rank 0 alone evaluates.
         if self.dp.is_main:
             self.evaluator.load_initial()
@@ -223,10 +229,6 @@ class RLTrainer:
         if self.dp.enabled:
             self.dp.check_divides("algo.prompts_per_step", n)
             self.dp.check_divides("algo.minibatch_size", self.config.algo.minibatch_size)
-            if self.learned_reward is not None:
-                raise ConfigError(f"task.name: task {self.task.name!r} has a reward that learns (its listener), "
-                                  "which data-parallel training does not keep in sync across processes yet; run it "
-                                  "in one process")
         if self.model.config.is_encoder_decoder and self.task.drift_key == "perplexity":
             raise ConfigError(f"task.name: task {self.task.name!r} measures drift by perplexity on held-out text, "
                               "which is defined here for decoder-only models, and model.name is an encoder-decoder")
@@ -268,20 +270,6 @@ class RLTrainer:
                 self.data_epoch, self.data_index = self.data_epoch + 1, 0
         return out
 
-    # ---------------------------------------------------------------------------------- Selective Rehearsal
-    def _set_up_rehearsal(self) -> Rehearsal | None:
-        """Selective Rehearsal's set (``rl/rehearsal.py``): read back from the run directory when it is there (a
-        resumed run), else selected from the initial policy's answers to ``rehearsal.prompts`` training prompts."""
-        c = self.config.rehearsal_settings()
-        if c is None:
-            return None
-        if self.dp.enabled or self.model.config.is_encoder_decoder:
-            raise ConfigError("rehearsal: Selective Rehearsal runs in one process, on a decoder-only policy")
-        path = self.out_dir / REHEARSAL_FILE
-        examples = (Rehearsal.read(path) if path.is_file() else
-                    choose_examples(self.policy, self.reward, self.task.train_prompts, c, self.config.seed))
-        return Rehearsal(examples, c.coef, c.batch, seed=self.config.seed)
-
     # ------------------------------------------------------------------------------------- the KL reference
     def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
         """log π_ref of each response token: the initial model, the EMA weights (``kl.reference: ema``, the
@@ -316,80 +304,77 @@ class RLTrainer:
 
     # ---------------------------------------------------------------------------------------- one iteration
     def train_step(self) -> dict[str, Any]:
-        c = self.config
+        c, clock = self.config, _Clock()
         k = c.algo.samples_per_prompt
-        times: dict[str, float] = {}
-        t = time.perf_counter()
 
         # 1. Rollout: sample k completions per prompt (NLPO: only inside the mask model's top-p set).
         prompts = [p for p in self.dp.shard(self._next_prompts()) for _ in range(k)]
         rollout = self.policy.sample(prompts, self.generator, mask=self.method.sampling_mask())
-        times["sample"], t = time.perf_counter() - t, time.perf_counter()
+        clock("sample")
 
         # 2. Reward.
         completions = self.policy.decode(rollout.response_ids, rollout.response_mask)
         scored = self.reward(prompts, completions, rollout, step=self.step)
-        scores, keep = scored.scores, scored.keep
-        components = component_means([scored.components])
         if c.log_completions and self.dp.is_main:
             self._log_completions(prompts, completions, scored)
-        keep = self.estimator.kept(keep)
+        keep = self.estimator.kept(scored.keep)
         if not keep.any():
             raise RewardError("every sample of this batch had an invalid reward (bad_reward: drop)")
         mask = rollout.response_mask.float() * keep[:, None].float()
-        times["reward"], t = time.perf_counter() - t, time.perf_counter()
+        clock("reward")
 
-        # 3. Log-probs of the sampling policy, and of the KL reference. When the update is a single optimizer step
-        # on the whole batch (one epoch of one minibatch), the policy the update differentiates IS the sampling
-        # policy, so the update's own forward (step 5) gives the old log-probs and values, detached: one forward
-        # saved, and PPO's ratio is exactly 1 (as in TRL's GRPO with one iteration). Otherwise they come from a
-        # teacher-forced forward, except REINFORCE/RLOO in fp32, where the sampler's log-probs equal it (under
-        # bf16 the KV-cache path differs enough to put noise, and a KL at step 0, into the penalty) unless a
-        # ratio needs NLPO's masked distribution, which the sampler does not record.
+        # 3. Log-probs of the sampling policy and of the KL reference (a KL outside the reward is only logged: its
+        # reference forward is skipped between logged iterations).
         n = len(rollout)
         beta = self.kl_ctl.value if self.method.uses_kl else 0.0
-        # A KL outside the reward is only logged: its reference forward is skipped between logged iterations.
-        every = c.kl.log_every
-        track_kl = beta != 0 or (every > 0 and (self.step + 1) % every == 0)
+        track_kl = beta != 0 or (c.kl.log_every > 0 and (self.step + 1) % c.kl.log_every == 0)
         minibatch = c.algo.minibatch_size // self.dp.world_size  # this rank's share of each minibatch
-        updates = self.method.updates_policy
-        fused = updates and minibatch >= n and self.estimator.epochs == 1
-        old_logp = old_values = fused_out = None
-        with torch.no_grad():
-            masked_ratio = rollout.action_mask is not None and c.algo.ratio != "none"
-            if not fused and (self.value_head is not None or self.autocast_dtype is not None or masked_ratio):
-                old = self.policy.score(rollout, hidden=self.value_head is not None)
-                old_logp, old_values = old.logprobs, self.estimator.values(old)
-            elif not fused:
-                old_logp = rollout.logprobs
-            ref_logp = self._reference_logprobs(rollout) if track_kl else None
-        times["ref"], t = time.perf_counter() - t, time.perf_counter()
-        if fused:
-            fused_out = self._policy_forward(rollout)
-            old_logp = fused_out.logprobs.detach()
-            old_values = None if self.value_head is None else self.estimator.values(fused_out).detach()
+        fused = self.method.updates_policy and minibatch >= n and self.estimator.epochs == 1
+        old_logp, old_values, ref_logp, fused_out = self._old_and_reference(rollout, fused, track_kl, clock)
 
         # 4. KL-penalised reward and advantages (paper eq. 1: R = r − β·log π/π_ref).
-        if track_kl:
-            kl_tok = torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0)
-        else:
-            kl_tok = torch.zeros_like(mask)
-        seq_kl = kl_tok.sum(dim=1)
+        kl_tok = (torch.where(mask > 0, ops.kl_estimate(old_logp, ref_logp, c.kl.estimator), 0.0) if track_kl
+                  else torch.zeros_like(mask))
         advantages, returns = self.estimator.advantages(self._advantage_scores(scored, keep, k), keep, mask,
                                                         rollout.response_mask, kl_tok, beta, old_values)
         ended = self.policy.ended(rollout)
         # DAPO / TRL: a cut-off response's reward shaped its group's baseline above, but it adds no gradient
         loss_mask = mask * ended[:, None] if c.algo.mask_truncated_completions else mask
         batch = Minibatch(loss_mask, advantages, old_logp, old_values, returns)
-        step_tokens = None
-        if c.algo.loss_aggregation == "batch_token":  # every rank's tokens, per rank and minibatch (TRL's dapo)
-            steps = 1 if fused else math.ceil(n / minibatch)
-            step_tokens = max(self.dp.sum([float(loss_mask.sum())])[0], 1.0) / (steps * self.dp.world_size)
 
         # 5. Policy (and value) update: epochs × minibatches; one step on the whole batch when fused.
-        stats: list[dict[str, float]] = []
-        for _ in range(self.estimator.epochs if updates else 0):
-            if fused:
+        stats = self._update_epochs(rollout, batch, fused_out, minibatch) if self.method.updates_policy else []
+        clock("update")
+
+        # 5b. The components see the kept samples (a reward that learns learns from them, paper §4).
+        kept = keep.nonzero().flatten().tolist()
+        seen = {key: value for hook in self.hooks
+                for key, value in hook.on_batch([prompts[i] for i in kept], [completions[i] for i in kept]).items()}
+        if seen:
+            clock("components")
+
+        # 6. Bookkeeping: the lr schedule, KL controller, the method's end-of-iteration work (resets), metrics.
+        lr = self.optimizer.param_groups[0]["lr"]  # this iteration's
+        if self.scheduler is not None:
+            self.scheduler.step()
+        mean_kl = self.dp.mean_of(kl_tok.sum(dim=1)[keep]) if track_kl else None  # the whole batch's: alike on ranks
+        if mean_kl is not None:
+            self.kl_ctl.update(mean_kl, n * self.dp.world_size)
+        self.step += 1
+        return self._record(scored, keep, rollout, ended, beta, mean_kl, lr, stats, seen, clock.times)
+
+    def _update_epochs(self, rollout: Rollout, batch: Minibatch, fused_out: ResponseOutput | None,
+                       minibatch: int) -> list[dict[str, float]]:
+        """``epochs`` passes of minibatch updates over the rollout (one step on the whole batch, on the forward
+        ``fused_out``, when given); each optimizer step's statistics."""
+        n = len(rollout)
+        step_tokens = None
+        if self.config.algo.loss_aggregation == "batch_token":  # every rank's tokens, per rank and minibatch (dapo)
+            steps = 1 if fused_out is not None else math.ceil(n / minibatch)
+            step_tokens = max(self.dp.sum([float(batch.mask.sum())])[0], 1.0) / (steps * self.dp.world_size)
+        stats = []
+        for _ in range(self.estimator.epochs):
+            if fused_out is not None:
                 stats.append(self._update(rollout, batch, fused_out, step_tokens))
             else:
                 order = torch.randperm(n, generator=self.generator, device=self.generator.device)
@@ -397,39 +382,55 @@ class RLTrainer:
                     idx = order[start:start + minibatch]
                     stats.append(self._update(rollout.select(idx), batch.select(idx), step_tokens=step_tokens))
             self.method.on_epoch_end()
-        times["update"], t = time.perf_counter() - t, time.perf_counter()
+        return stats
 
-        # 5b. A learning reward learns from the same batch (the Translation Game's listener, paper §4).
-        learned: dict[str, float] = {}
-        if self.learned_reward is not None:
-            kept = keep.nonzero().flatten().tolist()
-            learned = self.learned_reward.learn([prompts[i] for i in kept], [completions[i] for i in kept])
-            times["reward_learn"] = time.perf_counter() - t
+    def _old_and_reference(self, rollout: Rollout, fused: bool, track_kl: bool, clock: _Clock) -> tuple:
+        """The sampling policy's log-probs and values, the KL reference's log-probs (None when not tracked) and the
+        fused update's forward (None when not fused). When the update is a single optimizer step on the whole batch
+        (one epoch of one minibatch), the policy the update differentiates IS the sampling policy, so the update's
+        own forward gives the old log-probs and values, detached: one forward saved, and PPO's ratio is exactly 1
+        (as in TRL's GRPO with one iteration). Otherwise they come from a teacher-forced forward, except
+        REINFORCE/RLOO in fp32, where the sampler's log-probs equal it (under bf16 the KV-cache path differs enough
+        to put noise, and a KL at step 0, into the penalty) unless a ratio needs NLPO's masked distribution, which
+        the sampler does not record."""
+        old_logp = old_values = fused_out = None
+        with torch.no_grad():
+            masked_ratio = rollout.action_mask is not None and self.config.algo.ratio != "none"
+            if not fused and (self.value_head is not None or self.autocast_dtype is not None or masked_ratio):
+                old = self.policy.score(rollout, hidden=self.value_head is not None)
+                old_logp, old_values = old.logprobs, self.estimator.values(old)
+            elif not fused:
+                old_logp = rollout.logprobs
+            ref_logp = self._reference_logprobs(rollout) if track_kl else None
+        clock("ref")
+        if fused:
+            fused_out = self._policy_forward(rollout)
+            old_logp = fused_out.logprobs.detach()
+            old_values = None if self.value_head is None else self.estimator.values(fused_out).detach()
+        return old_logp, old_values, ref_logp, fused_out
 
-        # 6. Bookkeeping: the lr schedule, KL controller, the method's end-of-iteration work (resets), metrics.
-        lr = self.optimizer.param_groups[0]["lr"]  # this iteration's
-        if self.scheduler is not None:
-            self.scheduler.step()
-        if track_kl:  # of the whole batch: the controller moves alike on every rank
-            mean_kl = self.dp.mean_of(seq_kl[keep])
-            self.kl_ctl.update(mean_kl, n * self.dp.world_size)
-        self.step += 1
+    def _record(self, scored: RewardResult, keep: torch.Tensor, rollout: Rollout, ended: torch.Tensor, beta: float,
+                mean_kl: float | None, lr: float, stats: list[dict[str, float]], seen: dict[str, float],
+                times: dict[str, float]) -> dict[str, Any]:
+        """The iteration's metrics record (every rank's mean under data parallelism); the method's end-of-iteration
+        work (resets) runs here, on what it says."""
+        scores = scored.scores
         record: dict[str, Any] = {
             "step": self.step,
             "reward": float(scores[keep].mean()),
             "reward_std": float(scores[keep].std()) if int(keep.sum()) > 1 else 0.0,
-            **({"kl": mean_kl} if track_kl else {}),
+            **({"kl": mean_kl} if mean_kl is not None else {}),
             "kl_coef": beta,
             "lr": lr,
             "response_length": float(rollout.response_lengths.float().mean()),
             "clipped_ratio": float((~ended).float().mean()),
             "dropped": int((~keep).sum()),
-            **{f"rewards/{name}": value for name, value in components.items()},
+            **{f"rewards/{name}": value for name, value in component_means([scored.components]).items()},
         }
         for key in dict.fromkeys(key for st in stats for key in st):  # each statistic's mean over the minibatches
             values = [st[key] for st in stats if key in st]
             record[key] = sum(values) / len(values)
-        record.update({f"reward_model/{key}": float(value) for key, value in learned.items()})
+        record.update(seen)  # what the components logged
         record.update(self.method.on_iteration_end(self.step, {**self._unseen_eval, **record}))
         self._unseen_eval = {}
         record.update({f"time/{key}": round(value, 4) for key, value in times.items()})
@@ -470,13 +471,11 @@ class RLTrainer:
         """One optimizer step on a minibatch; returns its statistics. ``out``: its forward, when already run;
         ``step_tokens``: the reduction's divisor (``loss_aggregation: batch_token``)."""
         c = self.config.algo
-        rehearsal_batch = (None if self.rehearsal is None
-                           else self.rehearsal.next_batch(self.tokenizer.pad_token_id).to(self.device))
 
         def step_loss(out: ResponseOutput) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
-            """The minibatch's loss from the forward ``out``: policy loss, entropy bonus, the method's extra loss,
-            rehearsal (paper 2, eq. 9) on this step's rehearsal batch; its statistics; the tokens the policy loss
-            acts on (None: all)."""
+            """The minibatch's loss from the forward ``out``: policy loss, entropy bonus, the method's and the
+            components' extra losses (Selective Rehearsal's, paper 2 eq. 9); its statistics; the tokens the policy
+            loss acts on (None: all)."""
             high, batch = None, mb
             if c.top_entropy_quantile < 1:  # the other tokens' policy terms are 0 (the reduction still counts them)
                 high = ops.high_entropy_mask(out.entropy, mb.mask, c.top_entropy_quantile, self.dp.cat)
@@ -487,15 +486,11 @@ class RLTrainer:
             coef = c.entropy_coef if self.entropy_ctl is None else self.entropy_ctl.applied
             if coef:  # the bonus over the tokens the policy loss acts on, as TRL's
                 loss = loss - coef * (entropy if high is None else ops.masked_mean(out.entropy, high))
-            extra = self.method.extra_loss()
-            if extra is not None:
-                loss = loss + extra[0]
-                stats.update(extra[1])
-            if rehearsal_batch is not None:
-                term, rehearsal_stats = self.rehearsal.loss(
-                    lambda b: self.policy.score(b, masked=False).logprobs, rehearsal_batch)
-                loss = loss + term
-                stats.update(rehearsal_stats)
+            for hook in self.hooks:
+                extra = hook.extra_loss()
+                if extra is not None:
+                    loss = loss + extra[0]
+                    stats.update(extra[1])
             return loss, stats, high
 
         out = self._policy_forward(rollout) if out is None else out
@@ -522,7 +517,8 @@ class RLTrainer:
         self._check_finite("gradient norm", grad_norm)
         stats["grad_norm"] = float(grad_norm)
         self.optimizer.step()
-        self.method.on_optimizer_step()
+        for hook in self.hooks:
+            hook.on_optimizer_step()
         if self.entropy_ctl is not None:  # the step's token entropy, every rank's, where the bonus acts
             acting = mb.mask.bool() if high is None else high
             stats["entropy_coef"] = self.entropy_ctl.update(self.dp.mean_of(out.entropy.detach()[acting]))
@@ -560,8 +556,7 @@ class RLTrainer:
             **({"entropy_ctl": self.entropy_ctl.state_dict()} if self.entropy_ctl is not None else {}),
             **self.estimator.state_dict(),
             "method": self.method.state_dict(),
-            "rehearsal": self.rehearsal.state_dict() if self.rehearsal is not None else None,
-            "reward_model": self.learned_reward.state_dict() if self.learned_reward is not None else None,
+            **{component.key: component.state_dict() for component in self.components},
             "generator": self.generator.get_state(),
             "generator_device": self.device.type,
             "torch_rng": torch.get_rng_state(),
@@ -603,12 +598,8 @@ class RLTrainer:
             self.entropy_ctl.load_state_dict(state["entropy_ctl"])
         self.estimator.load_state_dict(state)
         self.method.load_state_dict(state["method"])
-        if self.rehearsal is not None:
-            self.rehearsal.load_state_dict(state["rehearsal"])
-        if self.learned_reward is not None:
-            if state.get("reward_model") is None:
-                raise ValueError("checkpoint: it holds no state of the task's learning reward")
-            self.learned_reward.load_state_dict(state["reward_model"])
+        for component in self.components:
+            component.load_state_dict(state.get(component.key))
         saved_by = state.get("world_size", 1)
         if saved_by != self.dp.world_size:
             raise ConfigError(f"checkpoint: written by a run of {saved_by} process(es), and its random state "
