@@ -890,6 +890,18 @@ def test_a_trl_reward_by_its_trl_name_is_trls_function():
     assert reward_function("think_format_reward") == ("think_format_reward", think_format_reward)
 
 
+def test_trls_soft_overlong_punishment_by_name_is_the_one_trls_scripts_build():
+    from trl.rewards import get_soft_overlong_punishment
+
+    from elastic_reset.tasks.prompts import reward_function
+
+    name, fn = reward_function("get_soft_overlong_punishment")
+    scripts = get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)  # trl/scripts/grpo.py
+    ids = [[1] * 1000, [1] * 1100, [1] * 1300]  # under 1280 - 256, inside the cache, over the maximum
+    assert name == "soft_overlong_punishment_reward"  # TRL's metric key
+    assert fn(prompts=["p"] * 3, completions=["c"] * 3, completion_ids=ids) == scripts(ids) == [0.0, -0.296875, -1.0]
+
+
 def test_conversations_mode_renders_prompts_as_trls_trainers_do_text_as_text_chat_through_the_template(files):
     from trl.data_utils import maybe_apply_chat_template
 

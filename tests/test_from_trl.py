@@ -389,7 +389,7 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
         ("prompts", True, "train", "test")  # a folder here; a datasets name (dataset: ...) online
     assert o["chat_template"] == "conversations"  # as TRL renders prompts: text as text, chat messages templated
     assert o["reward"][0].endswith("reward-model") and o["reward"][1:] == ["my_rewards:letters",
-                                                                           "trl.rewards:think_format_reward"]
+                                                                           "think_format_reward"]
     assert o["reward_weights"] == [1.0, 0.5, 0.1]
     assert (config.algo.samples_per_prompt, config.steps, config.eval.every, config.kl.coef) == (2, 2, 1, 0.02)
     assert (config.kl.estimator, config.method.name) == ("k3", "elastic_reset")  # overrides come last
@@ -400,6 +400,9 @@ def test_a_trl_grpo_recipe_carries_over_whole(recipe):
     one = config_from_recipe(recipe(reward_funcs="my_rewards.letters", reward_model_name_or_path=None,
                                     reward_weights=None), "grpo")
     assert one.task.options["reward"] == ["my_rewards:letters"]  # a single name without a list
+    overlong = config_from_recipe(recipe(reward_funcs="[get_soft_overlong_punishment]", reward_weights=None,
+                                         reward_model_name_or_path=None), "grpo")
+    assert overlong.task.options["reward"] == ["get_soft_overlong_punishment"]  # the scripts' registry name
 
 
 @pytest.mark.parametrize("changes, pattern", [

@@ -335,7 +335,7 @@ def _task_items(get: _Reader, options: dict[str, Any], eval_split: bool) -> list
     funcs = get("reward_funcs") or []
     for name in [funcs] if isinstance(funcs, str) else funcs:  # one name given without a list
         if name in TRL_REWARDS:
-            rewards.append(f"trl.rewards:{name}")
+            rewards.append(name)
         elif isinstance(name, str) and "." in name:
             rewards.append(":".join(name.rsplit(".", 1)))
         else:

@@ -143,20 +143,27 @@ def _short_names(specs: list[str]) -> list[str]:
 
 
 _HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
-"""The names TRL's scripts' ``reward_funcs`` takes for functions of ``trl.rewards``; a ``reward`` entry takes
-them too."""
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+"""The names TRL's scripts' ``reward_funcs`` takes for functions of ``trl.rewards`` (their
+``reward_funcs_registry``); a ``reward`` entry takes them too."""
+
+SOFT_OVERLONG = {"max_completion_len": 1280, "soft_punish_cache": 256}
+"""What TRL's ``grpo`` / ``rloo`` scripts build ``get_soft_overlong_punishment`` with (DAPO's eq. 13)."""
 
 
 def reward_function(spec: Any, chat: bool = False,
                     chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str, Any]:
     """(name, function) of one ``reward`` entry: a function (from Python); ``module:function`` or
-    ``path/to/file.py:function``; a name of :data:`TRL_REWARDS` (``think_format_reward``: TRL's function); or a
+    ``path/to/file.py:function``; a name of :data:`TRL_REWARDS` (``think_format_reward``: TRL's function;
+    ``get_soft_overlong_punishment``: the reward TRL's scripts build with :data:`SOFT_OVERLONG`); or a
     reward model, as TRL's ``reward_funcs`` takes one: a folder (or a Hub name)
     of a sequence-classification model with one output, or a folder ``elastic-reset reward-model train`` wrote.
     ``chat``: the prompts are conversations; ``chat_template_kwargs``: for a reward model's template, as TRL."""
     if callable(spec):
         return getattr(spec, "__name__", repr(spec)), spec
+    if spec == "get_soft_overlong_punishment":  # a factory: the scripts' reward, logged under TRL's name
+        fn = load_object(f"trl.rewards:{spec}", "task.options.reward")(**SOFT_OVERLONG)
+        return fn.__name__, fn
     if spec in TRL_REWARDS:
         return spec, load_object(f"trl.rewards:{spec}", "task.options.reward")
     folder = Path(spec).expanduser() if isinstance(spec, str) else None
