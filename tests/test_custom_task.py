@@ -918,6 +918,13 @@ def test_conversations_mode_renders_prompts_as_trls_trainers_do_text_as_text_cha
         shown[name] = sorted(t.train_prompts + t.eval_prompts + t.test_prompts)
         assert shown[name] == sorted(maybe_apply_chat_template({"prompt": r["prompt"]}, tok)["prompt"] for r in rows)
     assert shown["plain"] == sorted(r["prompt"] for r in plain)  # text as it is, though the tokenizer has a template
+    assert t.rendering.startswith("as TRL's trainers render them (task.options.chat_template: conversations)")
+    for setting, has, said in ((None, True, "through the policy's chat template"),
+                               (None, False, "as they are, without a chat template (the policy's tokenizer has none)"),
+                               (False, True, "as they are, without a chat template (task.options.chat_template: false)")):
+        t = chat_task(files, plain, chat_template=setting, reward=f"{files / 'rewards.py'}:letter_reward")
+        t.bind_tokenizer(tok if has else byte_tokenizer())
+        assert t.rendering.startswith(said), (setting, has, t.rendering)
     assert "<system>Be brief.<user>Question 0?<assistant>" in shown["chat"]
     with pytest.raises(ConfigError, match=r"^task\.options\.chat_template: expected null, true, false or conv"):
         chat_task(files, plain, chat_template="yes", reward=f"{files / 'rewards.py'}:letter_reward")

@@ -451,6 +451,9 @@ def test_train_without_out_writes_where_the_recipe_says_as_trl_would(recipe, tmp
                   output_dir="runs/from-recipe")
     assert main(["train", str(path), "--trl", "grpo", "--set", "progress=false", "--set", "steps=1"]) == 0
     assert (tmp_path / "runs" / "from-recipe" / "metrics.jsonl").is_file()
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("prompts: as TRL's trainers render them")  # once, before training
+    assert sum(line.startswith("prompts:") for line in said) == 1
     path = recipe(output_dir=None)
     assert main(["train", str(path), "--trl", "grpo"]) == 2
     assert "the recipe names no output_dir" in capsys.readouterr().err

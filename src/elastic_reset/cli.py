@@ -93,6 +93,9 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("--out: the run directory is required (or --print-config to see the config only)"
                           + ("; the recipe names no output_dir" if args.trl else ""))
     trainer = RLTrainer(config, args.out, resume=args.resume)
+    rendering = getattr(trainer.task, "rendering", None)  # a prompts task's
+    if rendering and trainer.dp.is_main:
+        print(f"prompts: {rendering}", flush=True)
     trainer.train()
     if trainer.dp.is_main:
         print(f"run written to {args.out} (metrics.jsonl, checkpoints/)")

@@ -203,6 +203,8 @@ class PromptsTask(Task):
     conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     """Conversational prompts by their placeholder text (:func:`conversation_key`), which the prompt lists hold
     until :meth:`bind_tokenizer` renders them."""
+    rendering: str | None = None
+    """How :meth:`bind_tokenizer` rendered the prompts, in words (``elastic-reset train`` says it at start)."""
 
     def bind_tokenizer(self, tokenizer) -> None:
         """Render the train / eval / test prompts with ``tokenizer``'s chat template (a text prompt as one user
@@ -220,6 +222,13 @@ class PromptsTask(Task):
         render = self.chat_template is not False and has
         if self.chat_template == "conversations":  # TRL's maybe_apply_chat_template: text stays text
             render = False
+            self.rendering = ("as TRL's trainers render them (task.options.chat_template: conversations): chat "
+                              "messages through the policy's chat template, text prompts as they are")
+        elif render:
+            self.rendering = "through the policy's chat template, a text prompt as one user turn"
+        else:
+            self.rendering = "as they are, without a chat template (" + (
+                "task.options.chat_template: false)" if has else "the policy's tokenizer has none)")
         reward = self.reward_fn if isinstance(self.reward_fn, TRLReward) else None
         for key, prompts in self._raw.items():
             shown = [_render(tokenizer, self.conversations.get(p, [{"role": "user", "content": p}]),
