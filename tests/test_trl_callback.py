@@ -222,7 +222,7 @@ def test_rloo_with_lora_resets_the_adapters_only(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / EMA_DIR).eos_token_id == byte_tokenizer().eos_token_id
 
 
-def _lora_grpo(output_dir, callbacks, steps=4, model=None, save_steps=None):
+def _lora_grpo(output_dir, callbacks, steps=4, model=None, save_steps=None, report_to="none"):
     trl = pytest.importorskip("trl")
     peft = pytest.importorskip("peft")
     model = model or add_lora(tiny_causal_lm(hidden=64, layers=2), peft.LoraConfig(
@@ -231,7 +231,7 @@ def _lora_grpo(output_dir, callbacks, steps=4, model=None, save_steps=None):
         output_dir=str(output_dir), use_cpu=True, bf16=False, seed=0, learning_rate=1e-2,
         per_device_train_batch_size=2, num_generations=2, max_completion_length=8, max_steps=steps,
         logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-        report_to="none", disable_tqdm=True, gradient_checkpointing=False,
+        report_to=report_to, disable_tqdm=True, gradient_checkpointing=False,
         beta=0.1,  # a KL reference to sync: with a PeftModel TRL keeps it as a frozen "ref" adapter
     )
     return trl.GRPOTrainer(model=model, reward_funcs=_byte_mean_reward, args=args, processing_class=byte_tokenizer(),
@@ -264,6 +264,19 @@ def test_a_hard_reference_reset_every_step_zeroes_the_kl_trl_logs(tmp_path):
     kl = [[h["kl"] for h in t.state.log_history if "kl" in h] for t in (reset, plain)]
     # Step 1's reference is the starting adapter either way; from step 2 on, the reset one is the policy itself.
     assert all(abs(k) < 1e-6 for k in kl[0][1:]) and all(abs(k) > 1e-6 for k in kl[1][1:])
+
+
+def test_reference_sync_pulls_reach_the_report_to_trackers(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    callback = ReferenceSyncCallback("ref_sync", every=2, alpha=0.5)
+    trainer = _lora_grpo(tmp_path, [callback], report_to="tensorboard")  # a plain callbacks=[...]
+    trainer.train()
+    assert trainer.callback_handler.callbacks[0].owner is callback
+    events = [EventAccumulator(str(f.parent)).Reload() for f in tmp_path.rglob("events.out.tfevents.*")]
+    pulls = {s.step: s.value for ea in events if "train/anchor/pulls" in ea.Tags()["scalars"]
+             for s in ea.Scalars("train/anchor/pulls")}
+    assert {step: pulls[step] for step in (1, 2, 3)} == {1: 0.0, 2: 1.0, 3: 1.0}
 
 
 def test_reference_sync_resumes_with_the_reference_it_had(tmp_path):

@@ -47,7 +47,79 @@ def state_file(sharded: bool, rank: int) -> str:
     return f"elastic_reset.rank{rank}.pt" if sharded else STATE_FILE
 
 
-class ElasticResetCallback(TrainerCallback):
+class _AnchorCallback(TrainerCallback):
+    """What the callbacks here share: their metrics in every log, the ``report_to`` trackers' included, and a state
+    file in each checkpoint, read back on resume.
+
+    transformers runs reporting integrations before the callbacks a user passes (``Trainer.__init__``:
+    ``DEFAULT_CALLBACKS + reporting callbacks + callbacks``), so when training begins a small callback is put first
+    that adds :meth:`metrics` to each log (the trainer is found on the call stack: transformers passes callbacks no
+    trainer), and W&B, TensorBoard, ... log them with a plain ``callbacks=[callback]``. :meth:`attach` instead moves
+    the callback itself first (its step end then also precedes other callbacks')."""
+
+    _logs_first = False  # a _LogsFirst callback adds this one's metrics to the logs
+
+    def metrics(self) -> dict[str, float]:
+        """The entries this callback adds to each log; none before training begins."""
+        return {}
+
+    def attach(self, trainer: Any):
+        """Add this callback to ``trainer`` (or move it) in first place, so that its metrics are in ``logs``
+        before any reporting integration reads them, and its step end comes before other callbacks'."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
+
+    def _put_metrics_first(self) -> None:
+        """At train begin: unless this callback is first, a small one placed first adds its metrics to the logs
+        the reporting integrations read, without moving this one (its step-end order is the user's)."""
+        trainer = _training_trainer()
+        callbacks = [] if trainer is None else trainer.callback_handler.callbacks
+        self._logs_first = trainer is not None and callbacks[0] is not self
+        if self._logs_first and not any(isinstance(c, _LogsFirst) and c.owner is self for c in callbacks):
+            callbacks.insert(0, _LogsFirst(self))
+        elif trainer is None:
+            logger.warning("%s: the trainer could not be found to run this callback first; call "
+                           "callback.attach(trainer) so that report_to trackers log its metrics", type(self).__name__)
+
+    def add_metrics(self, state, logs) -> None:
+        """Put :meth:`metrics` into ``logs`` and the last history entry."""
+        metrics = self.metrics()
+        if metrics and logs is not None:
+            _add_to_logs(state, logs, metrics)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self._logs_first:
+            self.add_metrics(state, logs)
+
+    def _write_state(self, args, state, file: str, payload: dict[str, Any]) -> None:
+        """``payload`` with the step into ``file`` of the checkpoint the trainer has just written."""
+        folder = _checkpoint_folder(args, state)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(
+                f"{folder}: the trainer saved a checkpoint, but not in this folder, so {type(self).__name__} cannot "
+                f"add its {file} to it (hyperparameter search writes per-trial folders; it is not supported)")
+        payload = {"format": 1, "global_step": state.global_step, **payload}
+        # A crash mid-write never leaves a truncated state file (temporary sibling, fsync, rename).
+        atomic_write(os.path.join(folder, file), lambda f: torch.save(payload, f))
+
+    def _read_state(self, args, state, file: str, missing: str, folder: str | None = None) -> tuple[str, dict]:
+        """(path, content) of ``file`` in the checkpoint the trainer resumed from (``folder`` if given), refused
+        with ``missing`` when absent, or when written at another step."""
+        folder = folder or _resumed_checkpoint() or _checkpoint_folder(args, state)
+        path = os.path.join(folder, file)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: {missing}")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved["global_step"] != state.global_step:
+            raise ValueError(f"{path}: saved at step {saved['global_step']}, but training resumes at step "
+                             f"{state.global_step}: it belongs to another checkpoint")
+        return path, saved
+
+
+class ElasticResetCallback(_AnchorCallback):
     """Applies Elastic Reset (paper §3) to the model a ``Trainer`` trains: GRPO, RLOO, or any other.
 
     >>> callback = ElasticResetCallback(decay=0.995, reset_every=260)
@@ -114,7 +186,6 @@ class ElasticResetCallback(TrainerCallback):
         """Built when training begins; None before."""
         self.events: list[ResetEvent] = []
         """Every reset of the run, resumed ones included."""
-        self._logs_first = False  # a _LogsFirst callback adds this one's metrics to the logs
         # Fail now, not when training begins, on bad arguments: build one over a throwaway parameter.
         probe = torch.nn.Parameter(torch.zeros(1))
         self._build([("probe", probe)], torch.optim.SGD([probe], lr=0.0), device="cpu", exclude=None)
@@ -127,31 +198,13 @@ class ElasticResetCallback(TrainerCallback):
             raise ValueError("reset_optimizer_state=True, but the trainer passed no optimizer to the callback")
         return ElasticReset(params, optimizer=optimizer, **options)
 
-    def attach(self, trainer: Any) -> ElasticResetCallback:
-        """Add this callback to ``trainer`` (or move it) in first place, so that its metrics are in ``logs``
-        before any reporting integration reads them, and its reset happens before other callbacks' step ends."""
-        callbacks = trainer.callback_handler.callbacks
-        if self in callbacks:
-            callbacks.remove(self)
-        callbacks.insert(0, self)
-        return self
-
     # ----------------------------------------------------------------------------------------------- hooks
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if model is None:
             raise ValueError("ElasticResetCallback: the trainer passed no model to on_train_begin")
         self.elastic_reset = self._build(model, optimizer)
         self.events = []
-        # Reporting integrations (report_to) run before the callbacks a user passes: a small callback placed first
-        # adds this one's metrics to the logs they read, without moving this one (its step-end order is the user's).
-        trainer = _training_trainer()
-        callbacks = [] if trainer is None else trainer.callback_handler.callbacks
-        self._logs_first = trainer is not None and callbacks[0] is not self
-        if self._logs_first and not any(isinstance(c, _LogsFirst) and c.owner is self for c in callbacks):
-            callbacks.insert(0, _LogsFirst(self))
-        elif trainer is None:
-            logger.warning("ElasticResetCallback: the trainer could not be found to run this callback first; call "
-                           "callback.attach(trainer) so that report_to trackers log elastic_reset/* metrics")
+        self._put_metrics_first()
         # Resuming is the only way a run begins past step 0 (Trainer._init_training_state), and by now the model,
         # optimizer and trainer state are the checkpoint's: the EMA and θ0 must be too.
         if state.global_step > 0:
@@ -164,16 +217,12 @@ class ElasticResetCallback(TrainerCallback):
             logger.warning("Elastic Reset #%d (%s) at step %d: the policy was %.4g from its EMA",
                         event.index, event.mode, state.global_step, event.distance)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._logs_first:
-            self.add_metrics(state, logs)
-
-    def add_metrics(self, state, logs) -> None:
-        """Put ``elastic_reset/resets`` and ``elastic_reset/distance`` into ``logs`` and the last history entry."""
-        if self.elastic_reset is None or logs is None:
-            return
-        _add_to_logs(state, logs, {"elastic_reset/resets": self.elastic_reset.num_resets,
-                                   "elastic_reset/distance": self.elastic_reset.distance()})
+    def metrics(self) -> dict[str, float]:
+        """``elastic_reset/resets`` and ``elastic_reset/distance``."""
+        if self.elastic_reset is None:
+            return {}
+        return {"elastic_reset/resets": self.elastic_reset.num_resets,
+                "elastic_reset/distance": self.elastic_reset.distance()}
 
     def on_save(self, args, state, control, **kwargs):
         if self.elastic_reset is None:
@@ -181,20 +230,11 @@ class ElasticResetCallback(TrainerCallback):
         sharded = self.elastic_reset.is_sharded
         if not (args.should_save or sharded):  # sharded: every rank saves its shards (and distance() is collective)
             return
-        folder = _checkpoint_folder(args, state)
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(
-                f"{folder}: the trainer saved a checkpoint, but not in this folder, so ElasticResetCallback cannot "
-                f"add its {STATE_FILE} to it (hyperparameter search writes per-trial folders; it is not supported)")
-        payload = {
-            "format": 1,
-            "global_step": state.global_step,
+        self._write_state(args, state, state_file(sharded, args.process_index), {
             "elastic_reset": self.elastic_reset.state_dict(),
             "events": [dataclasses.asdict(e) for e in self.events],
             "distance": self.elastic_reset.distance(),  # a fingerprint of the weights it belongs with
-        }
-        # A crash mid-write never leaves a truncated state file (temporary sibling, fsync, rename).
-        atomic_write(os.path.join(folder, state_file(sharded, args.process_index)), lambda f: torch.save(payload, f))
+        })
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not self.save_ema or self.elastic_reset is None or model is None:
@@ -231,18 +271,12 @@ class ElasticResetCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:
-        folder = self.resume_from or _resumed_checkpoint() or _checkpoint_folder(args, state)
-        path = os.path.join(folder, state_file(self.elastic_reset.is_sharded, args.process_index))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"{path}: no Elastic Reset state to resume from. Training resumes at step {state.global_step}, and "
-                f"without this file the EMA, θ0 and reset schedule cannot continue (a checkpoint saved without "
-                f"ElasticResetCallback cannot be resumed with it). If the trainer resumed from another folder, "
-                f"pass ElasticResetCallback(resume_from=<that folder>).")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved["global_step"] != state.global_step:
-            raise ValueError(f"{path}: saved at step {saved['global_step']}, but training resumes at step "
-                             f"{state.global_step}: it belongs to another checkpoint")
+        path, saved = self._read_state(
+            args, state, state_file(self.elastic_reset.is_sharded, args.process_index),
+            f"no Elastic Reset state to resume from. Training resumes at step {state.global_step}, and without this "
+            "file the EMA, θ0 and reset schedule cannot continue (a checkpoint saved without ElasticResetCallback "
+            "cannot be resumed with it). If the trainer resumed from another folder, pass "
+            "ElasticResetCallback(resume_from=<that folder>).", folder=self.resume_from)
         er = self.elastic_reset
         mine = (er.decay, er.mode, er.reset_every)
         try:
@@ -274,7 +308,7 @@ class _LogsFirst(TrainerCallback):
     """Runs first among the trainer's callbacks and adds ``owner``'s metrics to each log, so that the reporting
     integrations, which run before the user's callbacks, log them too."""
 
-    def __init__(self, owner: ElasticResetCallback):
+    def __init__(self, owner: _AnchorCallback):
         self.owner = owner
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -322,7 +356,7 @@ ANCHOR_FILE = "anchor.pt"
 """The file :class:`ReferenceSyncCallback` adds to each ``checkpoint-{global_step}`` folder."""
 
 
-class ReferenceSyncCallback(TrainerCallback):
+class ReferenceSyncCallback(_AnchorCallback):
     """TR-DPO's reference sync (``preset="ref_sync"``: ref ← α·θ + (1 − α)·ref every ``every`` optimizer steps)
     or ProRL's reference reset (``"ref_reset"``: ref ← θ, the optimizer's state dropped) in TRL's GRPO and RLOO
     trainers, LoRA included: the case TRL's own ``sync_ref_model`` refuses (TRL issue #3108).
@@ -342,7 +376,8 @@ class ReferenceSyncCallback(TrainerCallback):
 
     Checkpoints get ``anchor.pt`` (the reference tensors, counters and events); a resumed run loads it back, since TRL
     rebuilds its ``ref`` adapter from the resumed ``default``, which is not the reference the run had.
-    Logs ``anchor/pulls``; each pull is logged at WARNING level and kept in :attr:`events`.
+    Logs ``anchor/pulls`` (the ``report_to`` trackers too, as :class:`ElasticResetCallback`'s metrics); each pull is
+    logged at WARNING level and kept in :attr:`events`.
     """
 
     def __init__(self, preset: str = "ref_sync", every: int = 512, alpha: float = 0.6, trigger=None):
@@ -369,16 +404,10 @@ class ReferenceSyncCallback(TrainerCallback):
         covered, reference = _policy_and_reference(model, _training_trainer())
         self.anchor = self._build(covered, reference, optimizer)
         self.events = []
+        self._put_metrics_first()
         if state.global_step > 0:
-            folder = _resumed_checkpoint() or _checkpoint_folder(args, state)
-            path = os.path.join(folder, ANCHOR_FILE)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path}: no reference state to resume from (the checkpoint was saved "
-                                        "without ReferenceSyncCallback)")
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            if saved["global_step"] != state.global_step:
-                raise ValueError(f"{path}: saved at step {saved['global_step']}, but training resumes at step "
-                                 f"{state.global_step}: it belongs to another checkpoint")
+            _, saved = self._read_state(args, state, ANCHOR_FILE, "no reference state to resume from (the checkpoint "
+                                        "was saved without ReferenceSyncCallback)")
             self.anchor.load_state_dict(saved["anchor"])
             self.events = [AnchorEvent(**{**e, "pulls": tuple(e["pulls"])}) for e in saved["events"]]
 
@@ -389,18 +418,15 @@ class ReferenceSyncCallback(TrainerCallback):
             logger.warning("%s #%d at step %d (%s): the reference moved %.4g", self.preset, event.index,
                            state.global_step, event.cause, event.distance)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.anchor is not None and logs is not None:
-            _add_to_logs(state, logs, {"anchor/pulls": self.anchor.num_pulls})
+    def metrics(self) -> dict[str, float]:
+        """``anchor/pulls``."""
+        return {} if self.anchor is None else {"anchor/pulls": self.anchor.num_pulls}
 
     def on_save(self, args, state, control, **kwargs):
         if self.anchor is None or not args.should_save:
             return
-        folder = _checkpoint_folder(args, state)
-        atomic_write(os.path.join(folder, ANCHOR_FILE),
-                     lambda f: torch.save({"format": 1, "global_step": state.global_step,
-                                           "anchor": self.anchor.state_dict(),
-                                           "events": [dataclasses.asdict(e) for e in self.events]}, f))
+        self._write_state(args, state, ANCHOR_FILE, {"anchor": self.anchor.state_dict(),
+                                                     "events": [dataclasses.asdict(e) for e in self.events]})
 
 
 def _policy_and_reference(model, trainer) -> tuple[list, list]:
