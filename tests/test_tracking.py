@@ -27,12 +27,12 @@ def test_a_run_reports_scalars_resets_and_samples_to_tensorboard(tmp_path, setti
     events = read_events(tmp_path / "run" / "tensorboard")
     tags = events.Tags()
 
-    assert [e.step for e in events.Scalars("reward")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
     assert [e.step for e in events.Scalars("eval/reward")] == sorted(evals(records)) == [0, 2, 4]
     rewards = {r["step"]: r["reward"] for r in records if "reward" in r}
-    assert {e.step: e.value for e in events.Scalars("reward")} == pytest.approx(rewards)
-    assert [e.step for e in events.Scalars("reset/index")] == [3]
-    assert [e.step for e in events.Scalars("reset/distance")] == [3]
+    assert {e.step: e.value for e in events.Scalars("train/reward")} == pytest.approx(rewards)
+    assert [e.step for e in events.Scalars("train/reset/index")] == [3]
+    assert [e.step for e in events.Scalars("train/reset/distance")] == [3]
     assert "eval/sample/text_summary" in tags["tensors"]  # how the reader names add_text's summaries
     sample = events.Tensors("eval/sample/text_summary")[0]
     assert sample.step == 0 and sample.tensor_proto.string_val[0].decode() == evals(records)[0]["eval/sample"]
@@ -122,7 +122,8 @@ def test_records_reach_each_tracker_as_scalars_reset_scalars_and_tables_where_it
     trackers.log({"step": 4, "eval/reward": 0.25, "eval/sample": "a text"})
     trackers.close()
 
-    scalars = [(3, {"reward": 0.5, "reset/index": 1, "reset/distance": 2.5}), (4, {"eval/reward": 0.25})]
+    scalars = [(3, {"train/reward": 0.5, "train/reset/index": 1, "train/reset/distance": 2.5}),
+               (4, {"eval/reward": 0.25})]  # TRL's tags: a training iteration's under train/
     assert plain.logged == scalars and plain.finished
     assert tables.logged == [*scalars, (4, {"eval/sample": (["step", "sample"], [[4, "a text"]])})]
     assert trackers.trackers == []
@@ -190,3 +191,12 @@ def test_a_continued_run_may_add_a_tracker_but_not_change_a_number(tmp_path):
     assert (tmp_path / "run" / "tensorboard").is_dir()
     with pytest.raises(ConfigError, match=r"^algo: differs from the run"):
         RLTrainer(run_config("steps=6", "algo.lr=0.5"), tmp_path / "run", resume=True)
+
+
+def test_tags_are_trls_an_evaluations_as_they_are_an_iterations_under_train():
+    from elastic_reset.rl.tracking import tag
+
+    assert [tag(k) for k in ("reward", "rewards/letters", "time/sample", "eval/reward", "eval_ema/perplexity",
+                             "eval_report/reward", "test/reward")] == [
+        "train/reward", "train/rewards/letters", "train/time/sample", "eval/reward", "eval_ema/perplexity",
+        "eval_report/reward", "test/reward"]

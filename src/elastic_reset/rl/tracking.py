@@ -39,6 +39,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | 
     return flat
 
 
+def tag(key: str) -> str:
+    """A ``metrics.jsonl`` key as a tracker's tag, as transformers' integrations name TRL's metrics: an evaluation's
+    (``eval/...``, ``eval_ema/...``, ``test/...``) as it is, a training iteration's under ``train/``."""
+    return key if key.split("/", 1)[0].startswith(("eval", "test")) else f"train/{key}"
+
+
 class Trackers:
     """The trackers named by ``names`` (``TrainConfig.trackers()``) for the run in ``run_dir``; create and use it on
     rank 0 only. ``config``: the run's config as a mapping, stored as hyperparameters. ``project``: where the run is
@@ -73,13 +79,13 @@ class Trackers:
             raise
 
     def log(self, record: dict[str, Any]) -> None:
-        """Send one metrics record to every tracker at its ``step``."""
+        """Send one metrics record to every tracker at its ``step``, under TRL's tags (:func:`tag`)."""
         step = record["step"]
-        scalars = {key: value for key, value in record.items()
+        scalars = {tag(key): value for key, value in record.items()
                    if key != "step" and isinstance(value, (int, float)) and math.isfinite(value)}
         reset = record.get("reset")
         if isinstance(reset, dict):
-            scalars.update({f"reset/{key}": reset[key] for key in RESET_SCALARS
+            scalars.update({tag(f"reset/{key}"): reset[key] for key in RESET_SCALARS
                             if isinstance(reset.get(key), (int, float)) and math.isfinite(reset[key])})
         texts = {key: value for key, value in record.items() if key.endswith("/sample") and isinstance(value, str)}
         for tracker in self.trackers:
