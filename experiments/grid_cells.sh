@@ -11,8 +11,10 @@
 #                                            finds them finished and skips them
 # PYTHON: the interpreter same_build runs (default .venv/bin/python).
 
-same_build() {
+same_build() {  # exit status 1: another build; 2: it could not compare (no interpreter)
   mkdir -p "$(dirname "$2")"
+  [ -x "${PYTHON:-.venv/bin/python}" ] || command -v "${PYTHON:-.venv/bin/python}" >/dev/null || {
+    echo "same_build: no Python at ${PYTHON:-.venv/bin/python} (set PYTHON)" >&2; return 2; }
   "${PYTHON:-.venv/bin/python}" - "$1" "$2" "$3" <<'PY'
 import json, shutil, sys
 from pathlib import Path

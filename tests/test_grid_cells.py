@@ -57,3 +57,10 @@ def test_cells_go_to_results_without_checkpoints_and_come_back_only_where_missin
     grid3 = tmp_path / "runs/grid3"
     assert bash(f"restore_cells {results} {grid3}", tmp_path).returncode == 0
     assert (grid3 / "rm/kl/seed0/done").read_text() == "done"
+
+
+def test_same_build_without_an_interpreter_says_so_and_is_not_another_build(tmp_path):
+    built, recorded = tmp_path / "built.json", tmp_path / "recorded.json"
+    built.write_text(json.dumps({"test": {"log_loss": 0.5}}))
+    done = bash(f"PYTHON={tmp_path / 'no-python'} same_build {built} {recorded} test.log_loss", tmp_path)
+    assert done.returncode == 2 and "same_build: no Python at" in done.stderr and not recorded.exists()

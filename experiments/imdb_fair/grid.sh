@@ -41,12 +41,14 @@ seed_build() {  # SEED ARM...: before training a seed's cells not yet done, reco
   for arm in "$@"; do if [ -f "$GRID/$arm/seed$s/done" ]; then began=1; else todo=1; fi; done
   [ $todo = 1 ] || return 0
   [ $began = 1 ] || rm -f "$rec/policy.json" "$rec/classifier.json"
+  local rc=0
   same_build "$CACHE/imdb-smollm2/pretrain_metrics.json" "$rec/policy.json" held_out_perplexity &&
-    same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$rec/classifier.json" final_train_loss || {
+    same_build "$CACHE/imdb-sentiment-minilm/metrics.json" "$rec/classifier.json" final_train_loss || rc=$?
+  if [ $rc = 1 ]; then
     echo "seed $s: its finished cells ($RESULTS/runs/*/seed$s) come from another build and a seed's cells share" \
       "one; remove them (git keeps them) to run seed $s on this build" >&2
-    exit 1
-  }
+  fi
+  [ $rc = 0 ] || exit 1
 }
 ARMS=${ARMS:-rloo_kl_0.003 rloo_kl_0.01 rloo_kl_0.03 elastic_reset er_decay_0.90 reset_to_init}
 declare -A METHOD=([rloo_kl_0.003]=kl [rloo_kl_0.01]=kl [rloo_kl_0.03]=kl [elastic_reset]=elastic_reset
