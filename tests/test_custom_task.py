@@ -718,15 +718,17 @@ def test_a_run_on_a_conversational_datasets_dataset_with_a_chat_model(files):
 
 # ------------------------------------------------------------------------------------------------ end to end
 def _readme_example() -> tuple[str, str, list[list[str]], str, str]:
-    """The JSONL, the reward, the commands (train, export), the reload code and the Python run of the README's
-    "Your own task"."""
+    """The JSONL, the reward, the commands (train, export) and the reload code of the README's "Your own task", and
+    the same run from Python (docs/tasks.md, "From Python")."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Your own task\n", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, list[str]] = {}
     for lang, body in re.findall(r"```(json|python|bash)\n(.*?)```", section, flags=re.S):
         blocks.setdefault(lang, []).append(body)
     commands = [shlex.split(line, comments=True) for line in blocks["bash"][0].replace("\\\n", " ").splitlines()]
-    return blocks["json"][0], blocks["python"][0], commands, blocks["python"][1], blocks["python"][2]
+    tasks = (ROOT / "docs" / "tasks.md").read_text().split("### From Python\n", 1)[1].split("\n#", 1)[0]
+    script = re.findall(r"```python\n(.*?)```", tasks, flags=re.S)[0]
+    return blocks["json"][0], blocks["python"][0], commands, blocks["python"][1], script
 
 
 def test_the_readme_example_trains_exports_and_reloads_end_to_end(tmp_path, monkeypatch):
@@ -802,8 +804,8 @@ def test_a_datasetdict_from_python_by_split_with_a_reward_function(files):
 def test_the_readme_grpo_table_names_real_settings_on_both_sides():
     from elastic_reset.rl.config import describe_fields
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Coming from TRL: `GRPOConfig`", 1)[1].split("\n\n", 1)[1].split("\n\n")[0].strip()
+    readme = (ROOT / "docs" / "trl.md").read_text()  # the README's "Coming from TRL", moved to docs/trl.md
+    section = readme.split("## `GRPOConfig` settings", 1)[1].split("\n\n", 1)[1].split("\n\n")[0].strip()
     rows = [[re.findall(r"`([^`]+)`", cell) for cell in line.strip("|").split("|")[:2]]
             for line in section.splitlines()[2:]]
     from elastic_reset.tasks.prompts import prompts_task
@@ -825,7 +827,7 @@ def test_the_readme_dapo_recipe_is_a_valid_config():
 
     from elastic_reset.rl.config import config_from_dict
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "trl.md").read_text()  # the GRPO family's recipes
     block = readme.split("```yaml\n# DAPO", 1)[1].split("```", 1)[0]
     config = config_from_dict(yaml.safe_load("# DAPO" + block), ["model.name=tiny-llama"])
     a = config.algo

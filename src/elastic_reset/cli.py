@@ -73,8 +73,7 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
                         "(think_format_reward, ...) or a reward model's "
                         "folder (repeatable: summed)")
     parser.add_argument("--trl", choices=("grpo", "rloo"), help="the config is the YAML of `trl grpo --config` (or "
-                        "`trl rloo`): its trainer's, model's and script's settings carried over (README: Coming "
-                        "from TRL)")
+                        "`trl rloo`): its trainer's, model's and script's settings carried over (docs/trl.md)")
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """A TRL ``GRPOConfig`` or ``RLOOConfig`` as this engine's :class:`~elastic_reset.rl.config.TrainConfig`: the
-settings a TRL user already has, carried over as README's "Coming from TRL" table maps them.
+settings a TRL user already has, carried over as docs/trl.md's table maps them.
 
 What TRL counts in optimizer steps (``max_steps``, ``save_steps``, ``eval_steps``, ``warmup_steps``) becomes
 iterations here (one generation batch each, ``num_iterations`` × its optimizer steps); the batch sizes become
