@@ -9,11 +9,14 @@
 #                                            machines.jsonl (not its checkpoints) into RESULTS/runs/, same layout
 #   restore_cells RESULTS GRID               cells finished in an earlier session back into GRID, where compare
 #                                            finds them finished and skips them
+#   run_arms CONFIG N ARM... [-- ARG...]     compare over seeds 0..N-1 of the arms (their methods and settings in
+#                                            the caller's METHOD and SETS arrays, compare's further ARGs after --)
+#                                            into $GRID, JOBS at once, then collect_cells into $RESULTS
 # PYTHON: the interpreter same_build runs (default .venv/bin/python).
 
 same_build() {  # exit status 1: another build; 2: it could not compare (no interpreter)
   mkdir -p "$(dirname "$2")"
-  [ -x "${PYTHON:-.venv/bin/python}" ] || command -v "${PYTHON:-.venv/bin/python}" >/dev/null || {
+  command -v "${PYTHON:-.venv/bin/python}" >/dev/null || {
     echo "same_build: no Python at ${PYTHON:-.venv/bin/python} (set PYTHON)" >&2; return 2; }
   "${PYTHON:-.venv/bin/python}" - "$1" "$2" "$3" <<'PY'
 import json, shutil, sys
@@ -53,4 +56,19 @@ restore_cells() {
     dest=$grid/${run#"$results"/runs/}
     [ -e "$dest/config.yaml" ] || { mkdir -p "$dest" && cp "$run"/* "$dest/"; }
   done < <(find "$results/runs" -path '*/seed*/done' -type f 2>/dev/null | sort)
+}
+
+run_arms() {
+  local config=$1 n=$2 methods=() sets=() arm kv
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    arm=$1
+    shift
+    methods+=("$arm=${METHOD[$arm]}")
+    for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
+  done
+  [ $# = 0 ] || shift  # the --
+  "${ER:-.venv/bin/elastic-reset}" compare "$config" --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
+    --methods "$(IFS=,; echo "${methods[*]}")" "${sets[@]}" "$@"
+  collect_cells "$GRID" "$RESULTS"
 }

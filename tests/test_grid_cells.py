@@ -64,3 +64,16 @@ def test_same_build_without_an_interpreter_says_so_and_is_not_another_build(tmp_
     built.write_text(json.dumps({"test": {"log_loss": 0.5}}))
     done = bash(f"PYTHON={tmp_path / 'no-python'} same_build {built} {recorded} test.log_loss", tmp_path)
     assert done.returncode == 2 and "same_build: no Python at" in done.stderr and not recorded.exists()
+
+
+def test_run_arms_gives_compare_each_arms_method_and_settings_then_the_callers_arguments(tmp_path):
+    stub = write(tmp_path / "er", '#!/bin/bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/called"\n')
+    stub.chmod(0o755)
+    call = (f"declare -A METHOD=([a]=kl [b]=elastic_reset) SETS=([a]='kl.coef=0.01 kl.target=null' [b]=''); "
+            f"ER={stub} GRID={tmp_path / 'grid'} RESULTS={tmp_path / 'results'} JOBS=2 "
+            f"run_arms c.yaml 3 a b -- --set progress=false")
+    assert bash(call, tmp_path).returncode == 0
+    assert (tmp_path / "called").read_text().split("\n")[:-1] == [
+        "compare", "c.yaml", "--out", str(tmp_path / "grid"), "--seeds", "3", "--jobs", "2", "--prune-finished",
+        "--methods", "a=kl,b=elastic_reset", "--method-set", "a:kl.coef=0.01", "--method-set", "a:kl.target=null",
+        "--set", "progress=false"]

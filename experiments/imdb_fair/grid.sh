@@ -64,15 +64,9 @@ declare -A SETS=(
 GR_CANDIDATES=${GR_CANDIDATES-gr_0.001 gr_0.01}
 for c in $GR_CANDIDATES; do METHOD[$c]=gradient_reg; SETS[$c]="kl.coef=0 kl.target=null method.strength=${c#gr_}"; done
 run() {  # compare over seeds 0..$1-1 of the arms named after it
-  local n=$1 methods=() sets=() arm kv
+  local n=$1
   shift
-  for arm in "$@"; do
-    methods+=("$arm=${METHOD[$arm]}")
-    for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
-  done
-  $ER compare $HERE/config.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
-    --methods "$(IFS=,; echo "${methods[*]}")" "${sets[@]}" --set progress=false
-  collect_cells "$GRID" "$RESULTS"
+  run_arms $HERE/config.yaml "$n" "$@" -- --set progress=false
 }
 # shellcheck disable=SC2086  # the arm lists are words
 seed_build 0 $ARMS $GR_CANDIDATES

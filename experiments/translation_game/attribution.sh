@@ -28,15 +28,9 @@ for beta in $(${PY:-.venv/bin/python} -c "import sys; sys.path.insert(0, '$HERE'
   METHOD[kl_lm_$beta]=kl SETS[kl_lm_$beta]="kl.reference=lm kl.coef=$beta"
 done
 run() {  # compare over seeds 0..$1-1 of the arms named after it
-  local n=$1 methods=() sets=() arm kv
+  local n=$1
   shift
-  for arm in "$@"; do
-    methods+=("$arm=${METHOD[$arm]}")
-    for kv in ${SETS[$arm]}; do sets+=(--method-set "$arm:$kv"); done
-  done
-  $ER compare configs/translation.yaml --out "$GRID" --seeds "$n" --jobs "${JOBS:-1}" --prune-finished \
-    --score task_bleu --drift drift_bleu --methods "$(IFS=,; echo "${methods[*]}")" "${sets[@]}" "${common[@]}"
-  collect_cells "$GRID" "$RESULTS"
+  run_arms configs/translation.yaml "$n" "$@" -- --score task_bleu --drift drift_bleu "${common[@]}"
 }
 candidates=$(printf '%s\n' "${!METHOD[@]}" | grep '^kl_lm_' | sort)
 # shellcheck disable=SC2086  # the arm lists are words

@@ -348,8 +348,8 @@ class RLTrainer:
 
         # 5b. The components see the kept samples (a reward that learns learns from them, paper §4).
         kept = keep.nonzero().flatten().tolist()
-        seen = {key: value for hook in self.hooks
-                for key, value in hook.on_batch([prompts[i] for i in kept], [completions[i] for i in kept]).items()}
+        kept_prompts, kept_completions = [prompts[i] for i in kept], [completions[i] for i in kept]
+        seen = {k: v for hook in self.hooks for k, v in hook.on_batch(kept_prompts, kept_completions).items()}
         if seen:
             clock("components")
 
