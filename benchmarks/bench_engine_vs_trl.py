@@ -69,7 +69,7 @@ NOTES = [
     "AdamW step.",
     "TRL bf16=True on CPU: accelerate wraps the PeftModel forward in bf16 autocast, but model.generate calls the "
     "base model's forward directly, so TRL's sampling runs in fp32 (see config.autocast_on_in of the TRL rows).",
-    "Ratios compare ours with TRL at the same precision setting; the issue-3 target is ratio <= 0.5.",
+    "Ratios compare ours with TRL at the same precision setting; the target is ratio <= 0.5.",
     "On --device cuda both sides keep fp32 weights; bf16 rows are autocast mixed precision (TRL: accelerate's, "
     "ours: model.autocast bf16); times include the GPU work (each step ends with host reads of its results).",
 ]

@@ -114,7 +114,7 @@ def test_the_code_and_its_scripts_speak_of_the_project_not_of_its_development():
     listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True).stdout.split()
     if not listed:
         pytest.skip("not a git checkout")
-    pattern = re.compile(r"\b([Ii]ssues?|[Ss]essions?) \d+")
+    pattern = re.compile(r"\b([Ii]ssues?|[Ss]essions?)[ -]\d+")  # "TRL issue #3108" is another tracker
     kept = re.compile(r"^((src|docs|tests|benchmarks|experiments|configs)/.*\.(py|sh|yaml|md)"
                       r"|(README|BENCHMARKS)\.md)$")
     results = re.compile(r"^(experiments/[^/]+/results|benchmarks/results)/")
@@ -123,6 +123,8 @@ def test_the_code_and_its_scripts_speak_of_the_project_not_of_its_development():
              for n, line in enumerate((root / name).read_text(encoding="utf-8").splitlines(), 1)
              if pattern.search(line) and "pattern = re.compile" not in line]
     assert not found, "\n".join(found)
+    named = [name for name in listed if re.search(r"(issue|session)_?\d", name, re.IGNORECASE)]
+    assert not named, "paths: " + ", ".join(named)
 
 
 def test_the_training_loop_names_no_component():
