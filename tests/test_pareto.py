@@ -81,3 +81,16 @@ def test_pareto_outcome_needs_the_better_drift_on_most_of_the_shared_range_and_t
     outcome, text = pareto_outcome(summary(1.0, 0.0, (0.4, 0.6), (0.4, 1.0), (0.4, 0.6)), "a", "b")
     assert outcome == "trade-off" and "lower perplexity there: a on 100%" in text
     assert pareto_outcome(summary(0.0, 0.0, (0.4, 0.5), (0.6, 0.9), None), "a", "b")[0] == "no comparison"
+    # Frontiers equal everywhere on the shared range (all at the start's point): not separated, not a trade-off.
+    assert pareto_outcome(summary(0.0, 0.0, (0.4, 0.9), (0.4, 0.9), (0.4, 0.9)), "a", "b")[0] == "not separated"
+
+
+def test_a_claim_no_baseline_separates_from_is_untestable_not_refuted():
+    from elastic_reset.evaluation.summary import pareto_claim
+
+    base = ("k1", "k2")
+    assert pareto_claim({"k1": "dominates", "k2": "dominates"}, base) == "holds"
+    assert pareto_claim({"k1": "dominates"}, base) == "holds in part"  # k2 absent: no comparison
+    assert pareto_claim({"k1": "dominates", "k2": "dominated"}, base) == "does not hold"
+    assert pareto_claim({"k1": "not separated", "k2": "no comparison"}, base) == "is untestable at this budget"
+    assert pareto_claim({"k1": "not separated", "k2": "trade-off"}, base) == "does not hold"

@@ -45,6 +45,8 @@ the SE is 0 and any difference would pass):
     under once in 50 iterations at 4 a step), asks whether a set the policy cannot memorise lowers the tax. The
     rule of (c) for the pair ``sr_large`` vs ``kl``, per proxy: *holds* when it wins with both proxies, *in part*
     when it wins once and never loses, *does not hold* otherwise. (c) is judged as registered, unchanged by (c').
+A wording added after the grid ran, which changes no comparison: a claim none of whose comparisons separates by
+2 SE either way (no win, no loss) *is untestable at this budget*, not "does not hold".
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ def claim(wins: int, losses: int, total: int) -> str:
         return f"is not judged (a method it compares has fewer than {MIN_SEEDS} finished seeds)"
     if wins == total:
         return "holds"
+    if not wins and not losses:
+        return "is untestable at this budget (no comparison separates by 2 SE either way)"
     return "holds in part" if wins and not losses else "does not hold"
 
 
@@ -220,7 +224,7 @@ def verdict(summary: dict) -> str:
     for title, (outcome, rows) in (
             ("(a) Elastic Reset reaches a higher peak gold, or the same gold at less drift, than RLOO + KL",
              verdict_a(summary)),
-            ("(b) PPO against the Advantage Model over-optimises less than against the reward model",
+            ("(b) RLOO + KL against the Advantage Model over-optimises less than against the reward model",
              verdict_b(summary)),
             ("(c) Selective Rehearsal lowers the alignment tax at equal gold", verdict_c(summary)),
             ("(c') ... with a rehearsal set it cannot memorise (256 of 2,048 candidates; pre-registered after seed 0)",

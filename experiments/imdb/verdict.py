@@ -15,7 +15,8 @@ Rules (the reward-model verdict's habits: means ± SE over seeds, frontiers over
 - The paper's claim (§6: Elastic Reset reaches a better reward-drift frontier than PPO + KL; here the KL baseline
   runs RLOO) *holds* when Elastic Reset (the authors' code, ``elastic_reset``) Pareto-dominates RLOO + KL at both β
   (``kl``, ``kl_small``), *holds in part* when it dominates one and is dominated by neither, and *does not hold*
-  otherwise.
+  otherwise; *untestable at this budget* when neither β is separated from it (no shared range, or equal frontiers:
+  a wording added after the grids ran, which changes no outcome).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from elastic_reset.evaluation.summary import pareto_outcome
+from elastic_reset.evaluation.summary import pareto_claim, pareto_outcome
 
 ER = "elastic_reset"
 BASELINES = ("kl", "kl_small")
@@ -44,12 +45,7 @@ def verdict(summary: dict) -> str:
             lines.append(f"- **{ER} vs {b}: {outcome}** — {text}")
     dominated = [b for b in BASELINES if outcomes.get(b) == "dominates"]
     lost = [b for b in BASELINES if outcomes.get(b) == "dominated"]
-    if len(dominated) == len(BASELINES):
-        claim = "holds"
-    elif dominated and not lost:
-        claim = "holds in part"
-    else:
-        claim = "does not hold"
+    claim = pareto_claim(outcomes, BASELINES)
     lines += ["", f"**The paper's claim (Elastic Reset Pareto-dominates RLOO + KL) {claim} at this scale**: it "
               f"dominates {', '.join(dominated) or 'neither β'}"
               + (f" and is dominated by {', '.join(lost)}" if lost else "") + "."]

@@ -20,7 +20,9 @@ Rules:
 (2) Elastic Reset gives the best trade-off (the paper's Table 1 and Figure 3c) when it dominates every learning
     baseline (reinforce, kl_lm, multitask, reset_to_init, reset_to_ema; FROZEN ENGLISH leaves the speaker as it was
     and is reported beside): the claim *holds*; *in part* when it dominates at least one and none dominates it;
-    *does not hold* otherwise.
+    *does not hold* otherwise; *untestable at this budget* when no baseline is separated from it (no shared range,
+    or frontiers that differ nowhere on it, e.g. all still at the start's point: a wording added after the grid
+    ran; the rule's outcomes are unchanged).
 The table: PRETRAINED, then each method's final validation and test scores, mean ± SE over seeds (Table 1's form).
 """
 
@@ -31,7 +33,7 @@ import math
 import sys
 from pathlib import Path
 
-from elastic_reset.evaluation.summary import pareto_outcome
+from elastic_reset.evaluation.summary import pareto_claim, pareto_outcome
 
 ER = "elastic_reset"
 BASELINES = ("reinforce", "kl_lm", "multitask", "reset_to_init", "reset_to_ema")
@@ -77,8 +79,7 @@ def verdict(results: Path) -> str:
                 lines.append(f"(1) **{ER} vs {b}: {outcomes[b]}** — {text}")
         beats = [b for b, o in outcomes.items() if o == "dominates"]
         beaten = [b for b, o in outcomes.items() if o == "dominated"]
-        claim = ("holds" if len(beats) == len(BASELINES) else "does not hold" if beaten else
-                 "holds in part" if beats else "does not hold")
+        claim = pareto_claim(outcomes, BASELINES)
         lines.append(f"(2) **Elastic Reset's best trade-off {claim}**: it dominates {', '.join(beats) or 'none'}"
                      + (f"; dominated by {', '.join(beaten)}" if beaten else "") + ".")
     return "\n".join(lines) + "\n"

@@ -105,8 +105,9 @@ def pareto_outcome(summary: dict[str, Any], a: str, b: str, share: float = 0.9, 
     """Whether A Pareto-dominates B in a grid's ``summary.json``: ``dominates`` when A's mean frontier has the better
     drift on at least ``share`` of the score range both cover *and* that range reaches at least ``reach`` of the way
     up B's own frontier range (a mean frontier spans only the levels every seed reached, so one stalled seed
-    shortens it); ``dominated``, the same with A and B swapped; otherwise ``trade-off``, or ``no comparison`` without
-    a shared range. Returned with one line of the numbers (ranges, shares, final evaluations)."""
+    shortens it); ``dominated``, the same with A and B swapped; ``not separated`` when neither frontier is better
+    anywhere on the shared range (e.g. both still at the start's point); otherwise ``trade-off``, or ``no
+    comparison`` without a shared range. Returned with one line of the numbers (ranges, shares, final evaluations)."""
     methods = summary["methods"]
     score, drift = summary.get("score", "reward"), summary["drift"]
     better = "lower" if summary["lower_is_better"] else "higher"
@@ -128,11 +129,31 @@ def pareto_outcome(summary: dict[str, Any], a: str, b: str, share: float = 0.9, 
                        for m in (a, b))
     text = (f"shared {score} range [{lo:.3f}, {hi:.3f}] (own ranges: {ranges}); {better} {drift} there: {a} on "
             f"{a_better:.0%}, {b} on {b_better:.0%}; {finals}")
+    if a_better == 0 and b_better == 0:
+        return "not separated", text
     if a_better >= share and covered(b) >= reach:
         return "dominates", text
     if b_better >= share and covered(a) >= reach:
         return "dominated", text
     return "trade-off", text
+
+
+def pareto_claim(outcomes: dict[str, str], baselines: tuple[str, ...]) -> str:
+    """A method's claim to dominate ``baselines``, from its :func:`pareto_outcome` against each (a baseline absent
+    from ``outcomes`` counts as ``no comparison``): ``holds`` when it dominates every one; ``does not hold`` when one
+    dominates it; ``holds in part`` when it dominates at least one; ``is untestable at this budget`` when no
+    baseline is separated from it (no shared range, or frontiers equal on it); ``does not hold`` otherwise (only
+    trade-offs)."""
+    found = [outcomes.get(b, "no comparison") for b in baselines]
+    if found and all(o == "dominates" for o in found):
+        return "holds"
+    if "dominated" in found:
+        return "does not hold"
+    if "dominates" in found:
+        return "holds in part"
+    if all(o in ("not separated", "no comparison") for o in found):
+        return "is untestable at this budget"
+    return "does not hold"
 
 
 def format_dominance(rows: list[dict[str, Any]]) -> str:
