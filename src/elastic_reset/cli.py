@@ -565,8 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="list every run-config setting with its type, default and meaning")
     config.add_argument("prefix", nargs="?", default=None, help="only the settings starting with this (e.g. algo)")
     config.set_defaults(func=_config)
-    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA): 1.5-2.5 min "
-                          "on an AVX-512 BF16 CPU, 10 min on an AVX2-only one")
+    demo = sub.add_parser("demo", help="RL without drift control vs Elastic Reset on SmolLM2 (LoRA): minutes on a "
+                          "2-core CPU (times per CPU kind: BENCHMARKS.md)")
     demo.add_argument("--out", default="demo_out", help="where the two runs are written")
     demo.add_argument("--steps", type=_positive_int, default=None, help="training iterations per run (also scales "
                       "the reset period and the evaluation interval; default: configs/demo.yaml's)")
