@@ -551,7 +551,7 @@ def test_state_dict_is_a_snapshot_once_saved(tmp_path):
         w.add_(3.0)
     er.step()
     loaded = torch.load(tmp_path / "s.pt", weights_only=True)
-    assert torch.equal(loaded["ema"][0], saved_ema)
+    assert torch.equal(loaded["copies"]["ema"][0], saved_ema)
     assert loaded["num_steps"] == 1
 
 
@@ -725,10 +725,11 @@ def test_load_state_dict_rejects_mismatched_shapes():
     other = ElasticReset(nn.ModuleDict({"body": nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 5)),
                                         "v_head": nn.Linear(5, 1)}), reset_every=3)
     assert other.names == state["names"]
-    _assert_load_refused(other, state, r"state\['ema'\].*body\.0\.weight")
-    state = dict(state, init=[t[..., :1] if t.dim() else t for t in state["init"]])
+    _assert_load_refused(other, state, r"state\['copies'\]\['(ema|init)'\].*body\.0\.weight")
+    state = dict(state, copies={**state["copies"], "init": [t[..., :1] if t.dim() else t
+                                                            for t in state["copies"]["init"]]})
     _, er, _ = _saved_state()
-    _assert_load_refused(er, state, r"state\['init'\]")
+    _assert_load_refused(er, state, r"state\['copies'\]\['init'\]")
 
 
 def test_load_state_dict_rejects_mismatched_names():
@@ -741,16 +742,31 @@ def test_load_state_dict_rejects_mismatched_names():
     _assert_load_refused(covered_fewer, state, r"state\['names'\]")
 
 
-@pytest.mark.parametrize("key", ["names", "ema", "init", "num_steps", "num_resets", "decay", "mode", "reset_every"])
+def _legacy(er: ElasticReset) -> dict:
+    """The state as ElasticReset wrote it before it was an anchor's preset (its own format)."""
+    return {"names": list(er.names), "ema": [t.clone() for t in er.ema], "init": [t.clone() for t in er.init],
+            "num_steps": er.num_steps, "num_resets": er.num_resets, "decay": er.decay, "mode": er.mode,
+            "reset_every": er.reset_every}
+
+
+@pytest.mark.parametrize("key", ["names", "copies", "num_steps", "num_pulls"])
 def test_load_state_dict_rejects_missing_keys(key):
     _, er, state = _saved_state()
     partial = {k: v for k, v in state.items() if k != key}
     _assert_load_refused(er, partial, f"missing.*{key}")
 
 
+@pytest.mark.parametrize("key", ["names", "ema", "init", "num_steps", "num_resets", "decay", "mode", "reset_every"])
+def test_load_state_dict_rejects_missing_keys_of_the_older_format(key):
+    _, er, _ = _saved_state()
+    partial = {k: v for k, v in _legacy(er).items() if k != key}
+    _assert_load_refused(er, partial, f"missing.*{key}")
+
+
 def test_load_state_dict_rejects_unknown_mode():
     _, er, state = _saved_state()
-    _assert_load_refused(er, dict(state, mode="elastc"), r"state\['mode'\]")
+    _assert_load_refused(er, dict(state, name="elastc"), r"state\['name'\]")
+    _assert_load_refused(er, dict(_legacy(er), mode="elastc"), r"state\['mode'\]")
 
 
 @pytest.mark.parametrize("key", ["ema", "init"])
@@ -758,13 +774,50 @@ def test_load_state_dict_rejects_wrong_number_of_tensors(key):
     """Names match but one tensor is missing: a ValueError naming the key (not a RuntimeError from torch), and
     nothing loaded."""
     _, er, state = _saved_state()
-    _assert_load_refused(er, dict(state, **{key: list(state[key])[:-1]}), rf"state\['{key}'\]")
+    copies = {**state["copies"], key: list(state["copies"][key])[:-1]}
+    _assert_load_refused(er, dict(state, copies=copies), rf"state\['copies'\]\['{key}'\]")
 
 
 @pytest.mark.parametrize("key,value", [("decay", 1.5), ("decay", 0.0), ("reset_every", 0), ("reset_every", 2.5)])
 def test_load_state_dict_validates_like_the_constructor(key, value):
     _, er, state = _saved_state()
-    _assert_load_refused(er, dict(state, **{key: value}), key)
+    changed = dict(state, trigger={"n": value}) if key == "reset_every" else dict(state, **{key: value})
+    _assert_load_refused(er, changed, key)
+    _assert_load_refused(er, dict(_legacy(er), **{key: value}), key)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_state_of_the_older_format_loads_and_continues_bit_for_bit(mode):
+    torch.manual_seed(31)
+    model_a = PolicyWithValueHead()
+    er_a = ElasticReset(model_a, decay=0.9, reset_every=3, mode=mode, exclude="v_head")
+    _run(model_a, er_a, torch.Generator().manual_seed(32), 4)
+    model_b = copy.deepcopy(model_a)
+    er_b = ElasticReset(model_b, decay=0.5, reset_every=7, mode="elastic" if mode != "elastic" else "init",
+                        exclude="v_head")
+    er_b.load_state_dict(_legacy(er_a))
+    assert (er_b.mode, er_b.decay, er_b.reset_every, er_b.num_steps, er_b.num_resets) == (
+        mode, 0.9, 3, 4, er_a.num_resets)
+    events_a, weights_a = _run(model_a, er_a, torch.Generator().manual_seed(33), 6)
+    events_b, weights_b = _run(model_b, er_b, torch.Generator().manual_seed(33), 6)
+    assert events_a == events_b
+    for wa, wb in zip(weights_a, weights_b):
+        assert_all_equal(wa, wb)
+
+
+def test_elastic_reset_is_an_anchor_with_one_event_type():
+    from elastic_reset import Anchor
+    from elastic_reset.core import AnchorEvent
+
+    m = PolicyWithValueHead()
+    er = ElasticReset(m, decay=0.9, reset_every=2)
+    assert isinstance(er, Anchor) and ResetEvent is AnchorEvent
+    perturb(list(m.parameters()), torch.Generator().manual_seed(34))
+    er.step()
+    before = er.distance()
+    event = er.step()
+    assert (event.mode, event.cause, event.pulls) == ("elastic", "every 2 steps", ("policy <- ema", "ema <- init"))
+    assert event.distance == pytest.approx(before, rel=0.5) and er.state_dict()["name"] == "elastic"
 
 
 def test_load_schedule_state_into_reset_every_controller_is_refused_naming_reset_every():

@@ -71,9 +71,9 @@ def test_ranks_share_the_batch_and_agree_on_weights_ema_and_resets(two_rank_run)
         torch.testing.assert_close(ranks[1]["trainable"][name], tensor, rtol=0, atol=0)
     ema0, ema1 = ranks[0]["ema"], ranks[1]["ema"]
     for key in ("ema", "init"):
-        for a, b in zip(ema0[key], ema1[key]):
+        for a, b in zip(ema0["copies"][key], ema1["copies"][key]):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert ema0["num_resets"] == ema1["num_resets"] == 3
+    assert ema0["num_pulls"] == ema1["num_pulls"] == 3
     assert ema0["num_steps"] == ema1["num_steps"] == 6
 
 

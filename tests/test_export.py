@@ -2,6 +2,7 @@
 load from them."""
 
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download or upload
 
@@ -48,7 +49,7 @@ def _policy_at(config, run, step, ema=False):
     state = torch.load(step_file(run, step), weights_only=True)
     saved = state["trainable"]
     if ema:
-        saved = dict(zip(state["method"]["ema"]["names"], state["method"]["ema"]["ema"]))
+        saved = dict(zip(state["method"]["ema"]["names"], state["method"]["ema"]["copies"]["ema"]))
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in saved.items():
@@ -120,11 +121,29 @@ def test_ema_export_holds_the_ema_weights(lora_run, tmp_path):
     state = torch.load(step_file(run, 4), weights_only=True)["method"]["ema"]
     loaded = dict(PeftModel.from_pretrained(_base(config), tmp_path / "ema").named_parameters())
     assert len(state["names"]) == 8
-    for name, tensor in zip(state["names"], state["ema"]):
+    for name, tensor in zip(state["names"], state["copies"]["ema"]):
         assert torch.equal(loaded[name], tensor), name
     assert not all(torch.equal(loaded[n], p) for n, p in _policy_at(config, run, 4).named_parameters()
                    if n in state["names"])  # the EMA, not the policy
     assert "the EMA of the policy's weights" in (tmp_path / "ema" / "README.md").read_text()
+
+
+def test_an_ema_checkpointed_in_the_older_format_still_exports(lora_run, tmp_path):
+    from peft import PeftModel
+
+    run, config = lora_run
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    checkpoint = torch.load(step_file(old, 4), weights_only=True)
+    anchor = checkpoint["method"]["ema"]  # Elastic Reset's own format, before it was an anchor's preset
+    checkpoint["method"]["ema"] = {"names": anchor["names"], "ema": anchor["copies"]["ema"],
+                                   "init": anchor["copies"]["init"], "num_steps": anchor["num_steps"],
+                                   "num_resets": anchor["num_pulls"], "decay": anchor["decay"],
+                                   "mode": anchor["name"], "reset_every": anchor["trigger"]["n"]}
+    torch.save(checkpoint, step_file(old, 4))
+    export_run(old, tmp_path / "ema", ema=True)
+    loaded = dict(PeftModel.from_pretrained(_base(config), tmp_path / "ema").named_parameters())
+    assert all(torch.equal(loaded[n], t) for n, t in zip(anchor["names"], anchor["copies"]["ema"]))
 
 
 def test_an_ema_exported_after_a_final_reset_is_said_to_be_the_initial_weights(lora_run, tmp_path):
@@ -143,7 +162,7 @@ def test_an_ema_exported_after_a_final_reset_is_said_to_be_the_initial_weights(l
         export_run(ended_on_reset, tmp_path / "theta0", ema=True)
     assert "This EMA equals the initial weights θ0 exactly" in (tmp_path / "theta0" / "README.md").read_text()
     saved = torch.load(step_file(ended_on_reset, 4), weights_only=True)["method"]["ema"]
-    assert all(torch.equal(e, i) for e, i in zip(saved["ema"], saved["init"]))
+    assert all(torch.equal(e, i) for e, i in zip(saved["copies"]["ema"], saved["copies"]["init"]))
 
 
 def test_full_model_export_and_the_byte_tokenizer_round_trip(full_run, tmp_path):

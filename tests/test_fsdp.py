@@ -70,11 +70,12 @@ def test_each_rank_keeps_its_own_shard(sharded):
     _, er, _ = train(make_model())
     full = er.state_dict()
     for i, name in enumerate(full["names"]):
-        shards = [s["ema"][i] for s in states]
-        if full["ema"][i].dim() == 0 or full["ema"][i].shape[0] == 1:
+        shards = [s["copies"]["ema"][i] for s in states]
+        whole = full["copies"]["ema"][i]
+        if whole.dim() == 0 or whole.shape[0] == 1:
             continue
-        assert shards[0].numel() < full["ema"][i].numel()  # a shard, not a replica
-        torch.testing.assert_close(torch.cat(shards), full["ema"][i], rtol=1e-5, atol=1e-6)
+        assert shards[0].numel() < whole.numel()  # a shard, not a replica
+        torch.testing.assert_close(torch.cat(shards), whole, rtol=1e-5, atol=1e-6)
 
 
 def test_zero3_and_fsdp1_parameters_are_refused():

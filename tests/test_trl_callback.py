@@ -179,11 +179,11 @@ def test_grpo_resume_continues_the_saved_state_exactly(grpo):
     assert saved["global_step"] == SAVE_STEPS
     assert not list(grpo.out.glob(f"checkpoint-*/.{STATE_FILE}.*"))  # no temporary file left behind
     loaded, stored = grpo.probe.state_at_begin, saved["elastic_reset"]
-    assert (loaded["num_steps"], loaded["num_resets"]) == (stored["num_steps"], stored["num_resets"]) == (3, 1)
+    assert (loaded["num_steps"], loaded["num_pulls"]) == (stored["num_steps"], stored["num_pulls"]) == (3, 1)
     for key in ("ema", "init"):
-        assert all(torch.equal(a, b) for a, b in zip(loaded[key], stored[key])), key
+        assert all(torch.equal(a, b) for a, b in zip(loaded["copies"][key], stored["copies"][key])), key
     # θ0 is the run's initial weights, not the weights the resumed model starts from.
-    assert all(torch.equal(a, grpo.before.weights[0][n]) for n, a in zip(loaded["names"], loaded["init"]))
+    assert all(torch.equal(a, grpo.before.weights[0][n]) for n, a in zip(loaded["names"], loaded["copies"]["init"]))
     assert _distance(grpo.probe.weights[SAVE_STEPS], grpo.before.weights[0]) > 0.1
     # GRPO's sampling is restored with the RNG state, so the resumed run is bit-for-bit the uninterrupted one.
     _assert_weights(_trainable(grpo.resumed.model), _trainable(grpo.trainer.model), exact=True)
@@ -408,7 +408,7 @@ def test_resume_without_or_with_a_wrong_state_file_fails_clearly(lm_run, tmp_pat
         resume(resume_from=lm_run.out / "checkpoint-4")
     # ... or, at the same step, by the weights it was saved with.
     state = torch.load(checkpoint / STATE_FILE, weights_only=True)
-    state["elastic_reset"]["ema"][0] += 0.5
+    state["elastic_reset"]["copies"]["ema"][0] += 0.5
     torch.save(state, checkpoint / STATE_FILE)
     with pytest.raises(ValueError, match="does not belong with the weights the trainer resumed from"):
         resume()

@@ -56,17 +56,26 @@ class Pull:
 
 @dataclass(frozen=True)
 class AnchorEvent:
-    """What a pull did, for the caller's logs."""
+    """What a pull did, for the caller's logs (an Elastic Reset's reset is one)."""
 
     step: int
     """:attr:`Anchor.num_steps` when it happened (1-based)."""
     index: int
     """1 for the run's first pull, 2 for the second, ..."""
-    cause: str
-    """Why: the trigger's words, or ``manual``."""
-    pulls: tuple[str, ...]
     distance: float
-    """‖target − source‖₂ of the first pull, just before it: how far it moved its target (at weight 1)."""
+    """How far the pull moved: ‖target − source‖₂ of the first pull just before it (Elastic Reset: ‖θ − θ̄‖)."""
+    cause: str = ""
+    """Why: the trigger's words, or ``manual``."""
+    pulls: tuple[str, ...] = ()
+    mode: str = ""
+    """The anchor's name: a preset's (``elastic_reset``, ``ref_sync``, ...) or Elastic Reset's mode (``elastic``,
+    ``ema``, ``init``)."""
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> AnchorEvent:
+        """An event as ``dataclasses.asdict`` saved it (older files: an Elastic Reset's without cause and pulls, an
+        anchor's without mode)."""
+        return cls(**{**saved, "pulls": tuple(saved.get("pulls", ()))})
 
 
 class Anchor(CoveredTensors):
@@ -199,7 +208,7 @@ class Anchor(CoveredTensors):
         """Apply the pulls now, whatever the trigger says."""
         if not self.pulls:
             raise RuntimeError(f"anchor {self.name!r} has no pulls")
-        distance = self.distance(self.pulls[0].target, self.pulls[0].source)
+        distance = self._pull_distance()
         for p in self.pulls:
             source = self._tensors(p.source)
             if p.source == "policy":
@@ -216,32 +225,61 @@ class Anchor(CoveredTensors):
             for t in self.params:
                 self.optimizer.state.pop(t, None)
         self.num_pulls += 1
-        return AnchorEvent(self.num_steps, self.num_pulls, cause, tuple(str(p) for p in self.pulls), distance)
+        return AnchorEvent(self.num_steps, self.num_pulls, distance, cause, tuple(str(p) for p in self.pulls),
+                           self.name)
+
+    def _pull_distance(self) -> float:
+        """The distance an event reports, measured just before the pull."""
+        return self.distance(self.pulls[0].target, self.pulls[0].source)
 
     # ---------------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        """The copies, the counters and the trigger's memory: enough to continue bit for bit."""
+        """The copies, the counters, the decay and the trigger's memory: enough to continue bit for bit. Tensors by
+        reference (as ``nn.Module.state_dict``); ``torch.save`` copies them. Sharded: this rank's shards."""
         trigger_state = getattr(self.trigger, "state_dict", None)
         return {"names": list(self.names), "copies": {k: list(v) for k, v in self.copies.items()},
                 "num_steps": self.num_steps, "num_pulls": self.num_pulls,
-                "trigger": trigger_state() if trigger_state is not None else None}
+                "trigger": trigger_state() if trigger_state is not None else None,
+                "decay": self.decay, "name": self.name}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (or an older one without ``decay`` and ``name``); a refused state
+        changes nothing."""
+        self._check_state(state)
+        if state.get("name", self.name) != self.name:
+            raise ValueError(f"state['name']: saved by anchor {state['name']!r}, this is {self.name!r}")
+        self._apply_state(state)
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        missing = {"names", "copies", "num_steps", "num_pulls"} - set(state)
+        if missing:
+            raise ValueError(f"state: missing keys {sorted(missing)}")
         if list(state["names"]) != self.names:
-            raise ValueError("state['names']: the saved parameters do not match the covered ones")
+            extra = sorted(set(state["names"]) - set(self.names))[:5]
+            absent = sorted(set(self.names) - set(state["names"]))[:5]
+            raise ValueError(f"state['names']: the saved parameters do not match the covered ones (saved only: "
+                             f"{extra}, covered only: {absent}, or a different order)")
         if set(state["copies"]) != set(self.copies):
             raise ValueError(f"state['copies']: saved {sorted(state['copies'])}, this anchor keeps "
                              f"{sorted(self.copies)}")
         for key, tensors in state["copies"].items():
+            if len(tensors) != len(self.names):
+                raise ValueError(f"state['copies'][{key!r}]: {len(tensors)} tensors, expected {len(self.names)}")
             for name, saved, mine in zip(self.names, tensors, self.copies[key]):
                 if tuple(saved.shape) != tuple(mine.shape):
                     raise ValueError(f"state['copies'][{key!r}]: shape of {name!r} is {tuple(saved.shape)}, "
                                      f"expected {tuple(mine.shape)}")
+        if state.get("decay") is not None:
+            check_decay(state["decay"], "state['decay']")
+
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
         with torch.no_grad():
             for key, tensors in state["copies"].items():
                 torch._foreach_copy_(self.copies[key], [t.to(m.device, m.dtype) for t, m in zip(tensors,
                                                                                             self.copies[key])])
         self.num_steps, self.num_pulls = int(state["num_steps"]), int(state["num_pulls"])
+        if state.get("decay") is not None:
+            self.decay = float(state["decay"])
         if state.get("trigger") is not None and hasattr(self.trigger, "load_state_dict"):
             self.trigger.load_state_dict(state["trigger"])
 

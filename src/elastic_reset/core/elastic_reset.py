@@ -7,40 +7,44 @@ Noukhovitch et al., "Language Model Alignment with Elastic Reset", NeurIPS 2023,
 η (``decay``) weights the EMA, not the policy. There is no reset at step 0. The value function is not part of
 what is reset (the caller excludes it), and the optimizer state is kept by default, as in the authors' code.
 
-The EMA and θ0 are fp32 copies kept on a device of the caller's choice (CPU by default), updated by fused
-``torch._foreach_*`` calls, and FSDP2 shards are followed rank by rank: :mod:`elastic_reset.core.covered`.
+:class:`ElasticReset` is the paper's face of :class:`~elastic_reset.core.anchor.Anchor`: each mode is a list of
+pulls on a fixed period or a schedule, with one event type (:class:`~elastic_reset.core.anchor.AnchorEvent`) and one
+state format (the anchor's; a state saved in the older format of its own still loads). The EMA and θ0 are fp32
+copies kept on a device of the caller's choice (CPU by default), updated by fused ``torch._foreach_*`` calls, and
+FSDP2 shards are followed rank by rank: :mod:`elastic_reset.core.covered`.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from elastic_reset.core.covered import CoveredTensors, Exclude, ModelOrParams, check_decay
+from elastic_reset.core.anchor import Anchor, AnchorEvent, Pull
+from elastic_reset.core.covered import Exclude, ModelOrParams, check_decay
+from elastic_reset.core.triggers import Every
 
 MODES = ("elastic", "ema", "init", "none")
 """``elastic``: θ ← θ̄, θ̄ ← θ0 (the method). ``ema``: θ ← θ̄, EMA never reset (ablation "reset to EMA").
 ``init``: θ ← θ0 (ablation "reset to init"; the EMA restarts at θ0 too, so it always averages the current
 iteration). ``none``: only track θ̄ and never reset (ablation "EMA only": evaluate the EMA)."""
 
+PULLS: dict[str, tuple[Pull, ...]] = {
+    "elastic": (Pull("policy", "ema"), Pull("ema", "init")),
+    "ema": (Pull("policy", "ema"),),
+    "init": (Pull("policy", "init"), Pull("ema", "init")),
+    "none": (),
+}
+"""Each mode as the anchor's pulls."""
 
-@dataclass(frozen=True)
-class ResetEvent:
-    """What a reset did, for the caller's logs."""
+ResetEvent = AnchorEvent
+"""What a reset did (``step``, ``index``, ``mode``, ``distance`` = ‖θ − θ̄‖ just before it; ``cause``, ``pulls``)."""
 
-    step: int
-    """The value of :attr:`ElasticReset.num_steps` at which the reset happened (1-based: the n-th ``step()``)."""
-    index: int
-    """1 for the first reset of the run, 2 for the second, ..."""
-    mode: str
-    """The mode that decided what was reset (see :data:`MODES`)."""
-    distance: float
-    """L2 distance ‖θ − θ̄‖ over the covered tensors just before the reset."""
+_LEGACY_KEYS = ("names", "ema", "init", "num_steps", "num_resets", "decay", "mode", "reset_every")
+"""The state format this class wrote before it was an anchor's preset."""
 
 
 def _check_reset_every(reset_every: Any, key: str) -> None:
@@ -49,13 +53,24 @@ def _check_reset_every(reset_every: Any, key: str) -> None:
         raise ValueError(f"{key}: expected an integer >= 1, got {reset_every!r}")
 
 
-class ElasticReset(CoveredTensors):
+class _Schedule:
+    """A caller's ``step -> bool`` as a trigger (nothing to save: pass the same one when resuming)."""
+
+    keys: tuple[str, ...] = ()
+
+    def __init__(self, schedule: Callable[[int], bool]):
+        self.schedule = schedule
+
+    def __call__(self, step: int, metrics: Mapping[str, float]) -> str | None:
+        return "schedule" if self.schedule(step) else None
+
+
+class ElasticReset(Anchor):
     """EMA tracking and resets for a set of trainable tensors (a model's, or an explicit list).
 
     Call :meth:`step` once after every optimizer step, as the paper's §3 says (or whatever unit the schedule
     counts: the authors' IMDB code stepped once per rollout iteration, their StackLLaMA code once per epoch). It
-    updates the EMA and, when the schedule says so, resets; it returns the :class:`ResetEvent` of that reset, or
-    ``None``.
+    updates the EMA and, when the schedule says so, resets; it returns the reset's :class:`ResetEvent`, or ``None``.
 
     Args:
         model_or_params: a module (its parameters with ``requires_grad=True`` are covered; with a peft LoRA model
@@ -101,67 +116,66 @@ class ElasticReset(CoveredTensors):
             raise ValueError(f"reset_every: mode {mode!r} resets, so it needs reset_every (or a schedule)")
         if reset_optimizer_state and optimizer is None:
             raise ValueError("optimizer: reset_optimizer_state=True needs the optimizer")
-
-        super().__init__(model_or_params, exclude, device, dtype)
-        self.decay = float(decay)
-        self.reset_every = None if reset_every is None else int(reset_every)
-        self.mode = mode
         self.schedule = schedule
-        self.optimizer = optimizer
-        self.reset_optimizer_state = reset_optimizer_state
-        self.num_steps = 0
-        self.num_resets = 0
-        self.init = self._snapshot()
-        self.ema = self._snapshot()
+        trigger = _Schedule(schedule) if schedule is not None else Every(reset_every) if reset_every else None
+        super().__init__(model_or_params, PULLS[mode], trigger, decay=float(decay),
+                         reset_optimizer=reset_optimizer_state, optimizer=optimizer, device=device, exclude=exclude,
+                         dtype=dtype, name=mode)
+
+    # ------------------------------------------------------------------------------------- the paper's names
+    @property
+    def mode(self) -> str:
+        return self.name
+
+    @property
+    def reset_every(self) -> int | None:
+        return self.trigger.n if isinstance(self.trigger, Every) else None
+
+    @property
+    def reset_optimizer_state(self) -> bool:
+        return self.reset_optimizer
+
+    @property
+    def num_resets(self) -> int:
+        return self.num_pulls
+
+    @property
+    def ema(self) -> list[torch.Tensor]:
+        """θ̄, one fp32 tensor per covered one, on :attr:`device`."""
+        return self.copies["ema"]
+
+    @property
+    def init(self) -> list[torch.Tensor]:
+        """θ0."""
+        return self.copies["init"]
 
     # ----------------------------------------------------------------------------------------------- updates
-    @torch.no_grad()
-    def update(self) -> None:
-        """θ̄ ← (1 − η)·θ + η·θ̄ (= lerp of θ̄ towards θ with weight 1 − η). Does not count a step."""
-        torch._foreach_lerp_(self.ema, self._params_in_copy_space(), 1.0 - self.decay)
-
     def should_reset(self, step: int) -> bool:
         """Whether the schedule resets at 1-based step ``step`` (never at step 0, never in mode ``"none"``)."""
         if self.mode == "none" or step <= 0:
             return False
-        if self.schedule is not None:
-            return bool(self.schedule(step))
-        return step % self.reset_every == 0
+        return self.trigger(step, {}) is not None
 
-    def step(self, update_ema: bool = True) -> ResetEvent | None:
+    def step(self, update_ema: bool = True) -> ResetEvent | None:  # type: ignore[override]
         """Count one step: update the EMA (unless ``update_ema=False``, for callers that update it on another
         clock), then reset if the schedule says so. Returns the reset's event, or ``None``."""
-        if update_ema:
-            self.update()
-        self.num_steps += 1
-        if self.should_reset(self.num_steps):
-            return self.reset()
-        return None
+        return super().step(update=update_ema)
 
-    @torch.no_grad()
     def reset(self) -> ResetEvent:
         """Reset now, as the mode says, whatever the schedule. Returns the event."""
         if self.mode == "none":
             raise RuntimeError("mode 'none' never resets")
-        distance = self.distance()
-        if self.mode in ("elastic", "ema"):
-            self._copy_into_params(self.ema)  # θ ← θ̄
-        if self.mode == "init":
-            self._copy_into_params(self.init)  # θ ← θ0
-        if self.mode in ("elastic", "init"):
-            torch._foreach_copy_(self.ema, self.init)  # θ̄ ← θ0
-        if self.reset_optimizer_state:
-            for p in self.params:
-                self.optimizer.state.pop(p, None)
-        self.num_resets += 1
-        return ResetEvent(step=self.num_steps, index=self.num_resets, mode=self.mode, distance=distance)
+        return self.pull("manual")
+
+    def _pull_distance(self) -> float:
+        return self.distance()
 
     # --------------------------------------------------------------------------------------------- inspection
-    @torch.no_grad()
-    def distance(self) -> float:
-        """‖θ − θ̄‖₂ over all covered tensors (how far the policy has moved from its average). Sharded: over the
-        whole parameters, the same on every rank (a collective: every rank must call it)."""
-        return self._distance(self._params_in_copy_space(), self.ema)
+    def distance(self, a: str = "policy", b: str = "ema") -> float:
+        """‖θ − θ̄‖₂ over all covered tensors by default (how far the policy has moved from its average); any two
+        of ``policy``, ``ema``, ``init``. Sharded: over the whole parameters, the same on every rank (a collective:
+        every rank must call it)."""
+        return super().distance(a, b)
 
     @torch.no_grad()
     def ema_is_initial(self) -> bool:
@@ -172,7 +186,7 @@ class ElasticReset(CoveredTensors):
 
     def ema_state(self) -> dict[str, torch.Tensor]:
         """The EMA weights by parameter name (fp32, on :attr:`device`): for saving or loading an EMA model."""
-        return dict(zip(self.names, self.ema))
+        return self.copy("ema")
 
     @contextmanager
     def ema_weights(self) -> Iterator[None]:
@@ -181,64 +195,31 @@ class ElasticReset(CoveredTensors):
         >>> with er.ema_weights():
         ...     eval_reward = evaluate(model)
         """
-        with self._swapped_in(self.ema):
+        with self.weights("ema"):
             yield
 
     # ------------------------------------------------------------------------------------------ checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue bit-for-bit: EMA, θ0, counters, and the every-N schedule. Sharded: this
-        rank's shards (save one file per rank, and load each rank's own into the same sharding).
-
-        Tensors are returned by reference (as ``nn.Module.state_dict`` does); ``torch.save`` copies them. A
-        callable ``schedule`` cannot be saved: pass the same one again when resuming.
-        """
-        return {
-            "names": list(self.names),
-            "ema": list(self.ema),
-            "init": list(self.init),
-            "num_steps": self.num_steps,
-            "num_resets": self.num_resets,
-            "decay": self.decay,
-            "mode": self.mode,
-            "reset_every": self.reset_every,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output. Names and shapes must match the covered tensors."""
-        missing = {"names", "ema", "init", "num_steps", "num_resets", "decay", "mode", "reset_every"} - set(state)
-        if missing:
-            raise ValueError(f"state: missing keys {sorted(missing)}")
-        if list(state["names"]) != self.names:
-            extra = sorted(set(state["names"]) - set(self.names))[:5]
-            absent = sorted(set(self.names) - set(state["names"]))[:5]
-            raise ValueError(
-                f"state['names']: the saved parameters do not match the covered ones "
-                f"(saved only: {extra}, covered only: {absent}, or a different order)"
-            )
-        for key in ("ema", "init"):
-            if len(state[key]) != len(self.names):
-                raise ValueError(f"state[{key!r}]: {len(state[key])} tensors, expected {len(self.names)}")
-            for name, saved, mine in zip(self.names, state[key], self.ema):
-                if tuple(saved.shape) != tuple(mine.shape):
-                    raise ValueError(
-                        f"state[{key!r}]: shape of {name!r} is {tuple(saved.shape)}, expected {tuple(mine.shape)}"
-                    )
-        if state["mode"] not in MODES:
-            raise ValueError(f"state['mode']: expected one of {MODES}, got {state['mode']!r}")
-        check_decay(state["decay"], "state['decay']")
-        _check_reset_every(state["reset_every"], "state['reset_every']")
-        if self.schedule is None and state["reset_every"] is None and state["mode"] != "none":
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output, or a state of the older format (``ema``, ``init``, ``num_resets``,
+        ``mode``, ``reset_every``). The saved mode, decay and period are adopted; a callable ``schedule`` cannot
+        be saved: pass the same one again. Names and shapes must match the covered tensors; a refused state changes
+        nothing."""
+        if "copies" not in state and set(state) & {"ema", "init", "num_resets", "mode", "reset_every"}:
+            state = _from_legacy(state)
+        self._check_state(state)
+        mode = state.get("name", self.mode)
+        if mode not in MODES:
+            raise ValueError(f"state['name']: expected one of {MODES}, got {mode!r}")
+        period = state.get("trigger")
+        reset_every = period.get("n") if isinstance(period, Mapping) else None
+        _check_reset_every(reset_every, "state['reset_every']")
+        if self.schedule is None and reset_every is None and mode != "none":
             raise ValueError("state['reset_every']: the state was saved with a callable schedule; pass the same "
                              "schedule when resuming")
-        with torch.no_grad():
-            torch._foreach_copy_(self.ema, [t.to(self.device, self.dtype) for t in state["ema"]])
-            torch._foreach_copy_(self.init, [t.to(self.device, self.dtype) for t in state["init"]])
-        self.num_steps = int(state["num_steps"])
-        self.num_resets = int(state["num_resets"])
-        self.decay = float(state["decay"])
-        self.mode = state["mode"]
+        self._apply_state({**state, "trigger": None})
+        self.name, self.pulls = mode, PULLS[mode]
         if self.schedule is None:
-            self.reset_every = None if state["reset_every"] is None else int(state["reset_every"])
+            self.trigger = Every(reset_every) if reset_every is not None else None
 
     def __repr__(self) -> str:
         numel = sum(t.numel() for t in self.ema)
@@ -246,3 +227,16 @@ class ElasticReset(CoveredTensors):
         return (f"ElasticReset(mode={self.mode!r}, decay={self.decay}, {when}, tensors={len(self.ema)}, "
                 f"numel={numel}, device={self.device}, step={self.num_steps}, resets={self.num_resets})")
 
+
+def _from_legacy(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The older format, checked as before, in the anchor's."""
+    missing = set(_LEGACY_KEYS) - set(state)
+    if missing:
+        raise ValueError(f"state: missing keys {sorted(missing)}")
+    if state["mode"] not in MODES:
+        raise ValueError(f"state['mode']: expected one of {MODES}, got {state['mode']!r}")
+    check_decay(state["decay"], "state['decay']")
+    _check_reset_every(state["reset_every"], "state['reset_every']")
+    return {"names": state["names"], "copies": {"ema": state["ema"], "init": state["init"]},
+            "num_steps": state["num_steps"], "num_pulls": state["num_resets"], "decay": state["decay"],
+            "name": state["mode"], "trigger": None if state["reset_every"] is None else {"n": state["reset_every"]}}

@@ -291,7 +291,7 @@ class ElasticResetCallback(_AnchorCallback):
             raise ValueError(
                 f"{path}: the resumed model is {distance:.6g} from the saved EMA, but was {saved['distance']:.6g} "
                 f"when this file was saved: it does not belong with the weights the trainer resumed from")
-        self.events = [ResetEvent(**e) for e in saved["events"]]
+        self.events = [AnchorEvent.from_dict(e) for e in saved["events"]]
 
 
 def _add_to_logs(state, logs: dict, metrics: dict) -> None:
@@ -409,7 +409,7 @@ class ReferenceSyncCallback(_AnchorCallback):
             _, saved = self._read_state(args, state, ANCHOR_FILE, "no reference state to resume from (the checkpoint "
                                         "was saved without ReferenceSyncCallback)")
             self.anchor.load_state_dict(saved["anchor"])
-            self.events = [AnchorEvent(**{**e, "pulls": tuple(e["pulls"])}) for e in saved["events"]]
+            self.events = [AnchorEvent.from_dict(e) for e in saved["events"]]
 
     def on_step_end(self, args, state, control, **kwargs):
         event = self.anchor.step()

@@ -238,15 +238,18 @@ def _weights(state: dict[str, Any], config: TrainConfig, ema: bool, path: Path) 
     if not ema:
         return state["trainable"]
     _check_ema(config)
-    saved = _ema_state(state, path)
-    return dict(zip(saved["names"], saved["ema"]))
+    names, copies = _ema_state(state, path)
+    return dict(zip(names, copies["ema"]))
 
 
-def _ema_state(state: dict[str, Any], path: Path) -> dict[str, Any]:
+def _ema_state(state: dict[str, Any], path: Path) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
+    """The EMA's parameter names and its copies (``ema``, ``init``), from the anchor's state format or the older
+    one of Elastic Reset (the copies at the top level)."""
     saved = (state.get("method") or {}).get("ema")
-    if not isinstance(saved, dict) or "names" not in saved or "ema" not in saved:
+    copies = saved.get("copies", saved) if isinstance(saved, dict) else None
+    if not isinstance(copies, dict) or "names" not in saved or "ema" not in copies:
         raise RunFileError(f"{path}: the checkpoint holds no EMA state")
-    return saved
+    return saved["names"], copies
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None, ema: bool = False,
@@ -276,8 +279,8 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
             params[name].copy_(tensor)
     initial = False
     if ema:
-        saved = _ema_state(state, run_dir / "checkpoints" / f"step_{step:07d}.pt")
-        initial = "init" in saved and all(torch.equal(e, i) for e, i in zip(saved["ema"], saved["init"]))
+        _, copies = _ema_state(state, run_dir / "checkpoints" / f"step_{step:07d}.pt")
+        initial = "init" in copies and all(torch.equal(e, i) for e, i in zip(copies["ema"], copies["init"]))
         if initial:
             warnings.warn(f"{run_dir} step {step}: {EMA_IS_INITIAL}", EMAIsInitialWarning, stacklevel=2)
     out = save_run_policy(run_dir, config, model, tokenizer, out, step, ema=ema, merge=merge, command=command,

@@ -174,57 +174,6 @@ class EMAResetConfig(Section):
     """Also drop the optimizer state of reset weights (the authors' code keeps it)."""
 
 
-class EMAReset(KLPenalty):
-    """Elastic Reset and its ablations (paper §3, §6 "Ablations"), on top of the KL penalty.
-
-    ``method.ema_update`` chooses the EMA's clock: every optimizer step (the paper's text), every epoch over the
-    rollout batch (the authors' StackLLaMA code) or once per iteration (the authors' IMDB code: there η^17 ≈ 0.92
-    of θ0 remains in the EMA at a reset, so a reset lands close to the initial model). Resets always count
-    iterations (``method.reset_every``). The value head is excluded: the value function is never reset (§6,
-    Appendix E.1).
-    """
-
-    Config = EMAResetConfig
-    MODE = {"elastic_reset": "elastic", "reset_to_ema": "ema", "reset_to_init": "init", "ema_only": "none"}
-    keeps_ema = True
-    ema: ElasticReset
-    """The EMA / reset controller (paper §3)."""
-
-    def setup(self, policy: PolicyHandle) -> None:
-        c = self.config
-        self.ema = ElasticReset(
-            policy.model, decay=c.decay, mode=self.MODE[c.name],
-            reset_every=None if c.name == "ema_only" else c.reset_every,
-            optimizer=policy.optimizer, reset_optimizer_state=c.reset_optimizer,
-            device="cpu" if c.ema_device == "cpu" else next(policy.model.parameters()).device,
-        )
-
-    def on_optimizer_step(self) -> None:
-        if self.config.ema_update == "step":
-            self.ema.update()
-
-    def on_epoch_end(self) -> None:
-        if self.config.ema_update == "epoch":
-            self.ema.update()
-
-    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        event: ResetEvent | None = self.ema.step(update_ema=self.config.ema_update == "iteration")
-        if event is None:
-            return {}
-        return {"reset": {"index": event.index, "mode": event.mode, "distance": event.distance}}
-
-    @contextmanager
-    def ema_weights(self) -> Iterator[None]:
-        with self.ema.ema_weights():
-            yield
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ema.load_state_dict(state["ema"])
-
-
 @dataclass
 class AnchorMethodConfig(Section):
     name: Literal["anchor"] = "anchor"
@@ -256,16 +205,22 @@ class AnchorMethodConfig(Section):
 
 
 class AnchorMethod(KLPenalty):
-    """The anchor family in the engine (:class:`~elastic_reset.core.Anchor`): its pulls count iterations, its
-    triggers read the iteration's metrics, and a preset whose KL reference is its own copy (``ref_sync``,
-    ``ref_reset``: the reference copy; ``ema_anchor``: the EMA) is swapped into the policy for the reference
-    forward. With LoRA the anchor covers the adapters, so the reference is the base with the reference adapters: a
-    hard copy is exact, a soft mix (α < 1) mixes A and B separately, which is not the mix of the products B·A."""
+    """The anchor family in the engine (:class:`~elastic_reset.core.Anchor`), the one drift method class that runs
+    any preset (Elastic Reset's face, :class:`EMAReset`, too): its pulls count iterations, its triggers read the
+    iteration's metrics, and a preset whose KL reference is its own copy (``ref_sync``, ``ref_reset``: the
+    reference copy; ``ema_anchor``: the EMA) is swapped into the policy for the reference forward. With LoRA the
+    anchor covers the adapters, so the reference is the base with the reference adapters: a hard copy is exact, a
+    soft mix (α < 1) mixes A and B separately, which is not the mix of the products B·A."""
 
     Config = AnchorMethodConfig
+    STATE_KEY = "anchor"
+    """The key of the anchor's state in the method's checkpoint entry."""
     anchor: Anchor
 
     def setup(self, policy: PolicyHandle) -> None:
+        self.anchor = self.build(policy)
+
+    def build(self, policy: PolicyHandle) -> Anchor:
         c = self.config
         trigger = (KLBudget(c.kl_budget, "kl", c.cooldown) if c.kl_budget is not None else
                    Plateau("eval/reward", c.plateau) if c.plateau is not None else None)
@@ -277,13 +232,13 @@ class AnchorMethod(KLPenalty):
             **({"alpha": c.alpha} if c.preset == "ref_sync" else {"eta": c.eta} if c.preset == "liti" else {}),
             **({"optimizer": policy.optimizer} if c.preset == "ref_reset" else {}),
         }
-        self.anchor = Anchor.preset(c.preset, policy.model, **settings)
+        return Anchor.preset(c.preset, policy.model, **settings)
 
     def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         event = self.anchor.step(metrics)
         if event is None:
             return {}
-        return {"reset": {"index": event.index, "mode": self.config.preset, "cause": event.cause,
+        return {"reset": {"index": event.index, "mode": event.mode, "cause": event.cause,
                           "distance": event.distance}}
 
     def kl_reference(self) -> contextlib.AbstractContextManager | None:
@@ -291,10 +246,61 @@ class AnchorMethod(KLPenalty):
         return None if reference == "init" else self.anchor.weights(reference)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"anchor": self.anchor.state_dict()}
+        return {self.STATE_KEY: self.anchor.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.anchor.load_state_dict(state["anchor"])
+        self.anchor.load_state_dict(state[self.STATE_KEY])
+
+
+class EMAReset(AnchorMethod):
+    """Elastic Reset and its ablations (paper §3, §6 "Ablations"), on top of the KL penalty: the anchor family's
+    method with the paper's settings (:class:`~elastic_reset.core.ElasticReset`, an anchor preset by mode).
+
+    ``method.ema_update`` chooses the EMA's clock: every optimizer step (the paper's text), every epoch over the
+    rollout batch (the authors' StackLLaMA code) or once per iteration (the authors' IMDB code: there η^17 ≈ 0.92
+    of θ0 remains in the EMA at a reset, so a reset lands close to the initial model). Resets always count
+    iterations (``method.reset_every``). The value head is excluded: the value function is never reset (§6,
+    Appendix E.1).
+    """
+
+    Config = EMAResetConfig
+    STATE_KEY = "ema"
+    MODE = {"elastic_reset": "elastic", "reset_to_ema": "ema", "reset_to_init": "init", "ema_only": "none"}
+    keeps_ema = True
+    anchor: ElasticReset
+
+    def build(self, policy: PolicyHandle) -> ElasticReset:
+        c = self.config
+        return ElasticReset(
+            policy.model, decay=c.decay, mode=self.MODE[c.name],
+            reset_every=None if c.name == "ema_only" else c.reset_every,
+            optimizer=policy.optimizer, reset_optimizer_state=c.reset_optimizer,
+            device="cpu" if c.ema_device == "cpu" else next(policy.model.parameters()).device,
+        )
+
+    @property
+    def ema(self) -> ElasticReset:
+        """The EMA / reset controller (paper §3)."""
+        return self.anchor
+
+    def on_optimizer_step(self) -> None:
+        if self.config.ema_update == "step":
+            self.anchor.update()
+
+    def on_epoch_end(self) -> None:
+        if self.config.ema_update == "epoch":
+            self.anchor.update()
+
+    def on_iteration_end(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        event: ResetEvent | None = self.ema.step(update_ema=self.config.ema_update == "iteration")
+        if event is None:
+            return {}
+        return {"reset": {"index": event.index, "mode": event.mode, "distance": event.distance}}
+
+    @contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        with self.anchor.ema_weights():
+            yield
 
 
 @dataclass
