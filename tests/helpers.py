@@ -103,3 +103,13 @@ def run_config(*overrides: str):
 def step_file(run: Path, step: int) -> Path:
     """The checkpoint file of ``step`` in run directory ``run``."""
     return run / "checkpoints" / f"step_{step:07d}.pt"
+
+
+def load_script(path: Path, name: str):
+    """A study's script (experiments/<study>/<file>.py, not a package) as a module, to call its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

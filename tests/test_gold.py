@@ -173,14 +173,15 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
 
     monkeypatch.setattr(SentimentReward, "log_odds", gold_log_odds)
     task = get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(proxy), gold=str(tiny_models / "gold"),
-                    n_train=16, n_eval=4, n_reference=4, n_forget=4)
+                    n_train=16, n_eval=4, n_reference=4, n_forget=4, n_report=4)
     config = tiny_config("steps=2", "eval.every=2", "eval.num_prompts=4", "eval.num_texts=4", "eval.batch_size=4",
                          "eval.ema=false")
     records = RLTrainer(config, tmp_path / "run", task=task).train()
     first, last = records[0], records[-1]
     assert first["eval/win_rate"] == first["eval_forget/win_rate"] == 0.5
     for record in (first, last):
-        for name, prompts in (("eval", task.eval_prompts[:4]), ("eval_forget", task.eval_sets["forget"])):
+        for name, prompts in (("eval", task.eval_prompts[:4]), ("eval_forget", task.eval_sets["forget"]),
+                              ("eval_report", task.eval_sets["report"])):
             # the gold scored this set's prompts + the policy's completions: its metrics are those scores' means
             texts, log_odds = next(c for c in calls if [t[:len(p)] for t, p in zip(c[0], prompts)] == prompts
                                    and record[f"{name}/gold_log_odds"] == pytest.approx(sum(c[1]) / len(c[1])))
@@ -188,6 +189,7 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
             gold = [1 / (1 + math.exp(-x)) for x in log_odds]
             assert record[f"{name}/gold"] == pytest.approx(sum(gold) / len(gold))
         assert "eval/perplexity" in record and "eval_forget/perplexity" not in record
+        assert "eval_report/perplexity" in record and not set(task.eval_sets["report"]) & set(task.eval_prompts)
         assert 0 <= record["eval/proxy_gold_agreement"] <= 1 and "eval_forget/proxy_gold_agreement" in record
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):

@@ -1,11 +1,11 @@
 """The gold-vs-proxy grid's verdicts and the Translation Game's follow the rules their scripts
 state before the grids run."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 SCRIPT = EXPERIMENTS / "gold_vs_proxy" / "report.py"
@@ -13,10 +13,7 @@ SCRIPT = EXPERIMENTS / "gold_vs_proxy" / "report.py"
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("gold_vs_proxy_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "gold_vs_proxy_report")
 
 
 def entry(mean, se=0.01):
@@ -133,10 +130,7 @@ def test_a_method_with_one_finished_seed_is_not_judged(report):
     (5, 18.6, 0.2, "the speaker learns"),                         # +1.2 BLEU, over 2 SE (0.57)
 ])
 def test_the_translation_verdict_needs_a_task_gain_over_seeds_first(tmp_path, n, reinforce, se, expected):
-    spec = importlib.util.spec_from_file_location("translation_verdict",
-                                                  EXPERIMENTS / "translation_game" / "verdict.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(EXPERIMENTS / "translation_game" / "verdict.py", "translation_verdict")
     methods = {m: {"n_seeds": n, "final_reward": {"mean": value, "se": se}, "final_drift": {"mean": 30.0, "se": se}}
                for m, value in (("frozen", 17.4), ("reinforce", reinforce))}
     (tmp_path / "summary.json").write_text(json.dumps({"methods": methods}))

@@ -18,27 +18,12 @@ RESULTS=${RESULTS:-$HERE/results}
 ER=${ER:-.venv/bin/elastic-reset} PY=${PY:-.venv/bin/python}
 LADDER=(500 1000 2000)  # stage0.py's LADDER
 source experiments/grid_cells.sh
-CACHE=$($PY -c 'from elastic_reset.models import cache_dir; print(cache_dir())')
-{ read -r gold; read -r policy; read -r pairs; } < <($PY -c "from elastic_reset.models import gold_pairs_path, \
-  imdb_classifier_path as gold, imdb_smollm2_path as policy; print(gold(), policy(False), \
-  gold_pairs_path(4000, 0.5, 0), sep='\n')")
-[ -f "$gold/config.json" ] || $ER build imdb-classifier --data-dir ../shared/data
-[ -f "$policy/config.json" ] || $ER build imdb-smollm2 --data-dir ../shared/data --resume
-same_build "$policy/pretrain_metrics.json" "$RESULTS/policy.json" held_out_perplexity
-[ -f "$pairs/pairs.jsonl" ] || $ER build gold-pairs --data-dir ../shared/data --n-pairs 4000 --temperature 0.5 --resume
-same_build "$pairs/metrics.json" "$RESULTS/pairs-n4000.json" gold_p_positive_mean
-
+source $HERE/builds.sh
+need_base
 methods=() sets=()
 for n in "${LADDER[@]}"; do
-  first=$CACHE/reward-hacking/pairs-first$n.jsonl
-  mkdir -p "$(dirname "$first")"
-  [ -f "$first" ] || { head -n "$n" "$pairs/pairs.jsonl" > "$first.tmp" && mv "$first.tmp" "$first"; }
   for kind in rm am; do
-    proxy=$CACHE/reward-models/hacking-minilm-$kind-first$n
-    flag=(); [ $kind = am ] && flag=(--advantage)
-    [ -f "$proxy/reward_model.json" ] || $ER reward-model train --backbone minilm --data "$first" "${flag[@]}" \
-      --out "$proxy" --resume
-    same_build "$proxy/reward_model.json" "$RESULTS/proxy-$kind-$n.json" metrics.test.log_loss
+    proxy=$(need_proxy $kind "$n")
     methods+=("${kind}_$n=none")
     sets+=(--method-set "${kind}_$n:task.options.reward_model=$proxy")
   done

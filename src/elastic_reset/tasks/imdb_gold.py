@@ -56,9 +56,10 @@ class GoldScores:
 @register_task("imdb_gold")
 def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None, gold: str | None = None,
                    n_train: int | None = None, n_eval: int = 64, n_reference: int = 64, n_test: int = 0,
-                   n_forget: int = 64, seed: int = 0, reward_batch_size: int = 16) -> Task:
+                   n_forget: int = 64, seed: int = 0, reward_batch_size: int = 16, n_report: int = 0) -> Task:
     """Options: ``reward_model`` (required: the proxy, a folder from ``reward-model train``), ``gold`` (the
-    sentiment classifier folder; default the ``imdb-classifier`` build), the IMDB task's counts, ``n_forget``
+    sentiment classifier folder; default the ``imdb-classifier`` build), the IMDB task's counts (``n_report``: a
+    second validation set, ``eval_report/*``, to report checkpoints chosen on ``eval/*``), ``n_forget``
     WikiText-2 prompts for the forget set."""
     from elastic_reset.models import imdb_classifier
     from elastic_reset.reward_models.reward import PreferenceModelReward
@@ -72,7 +73,8 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
     if not (Path(reward_model) / "reward_model.json").is_file():
         raise FileNotFoundError(f"task.options.reward_model: no reward model at {reward_model}")
     gold_path = imdb_classifier(gold, "task.options.gold")
-    data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test)
+    data = task_splits(data_dir, seed=seed, n_train=n_train, n_eval=n_eval, n_reference=n_reference, n_test=n_test,
+                       n_report=n_report)
     proxy = PreferenceModelReward(reward_model, batch_size=reward_batch_size)
     gold_scores = GoldScores(SentimentReward(gold_path), proxy)
     return Task(
@@ -85,6 +87,8 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
         test_prompts=data.test_prompts,
         metrics_fn=gold_scores.metrics,
         judge_fn=gold_scores.judge,
-        eval_sets={"forget": paragraph_prompts(data_dir, n_forget, seed=seed)},
+        eval_sets={"forget": paragraph_prompts(data_dir, n_forget, seed=seed),
+                   **({"report": data.report_prompts} if n_report else {})},
+        eval_set_texts={"report": data.report_texts} if n_report else {},
         score_key="gold",
     )
