@@ -94,3 +94,17 @@ def test_a_claim_no_baseline_separates_from_is_untestable_not_refuted():
     assert pareto_claim({"k1": "dominates", "k2": "dominated"}, base) == "does not hold"
     assert pareto_claim({"k1": "not separated", "k2": "no comparison"}, base) == "is untestable at this budget"
     assert pareto_claim({"k1": "not separated", "k2": "trade-off"}, base) == "does not hold"
+
+
+def test_paired_by_seed_beats_beyond_two_standard_errors_and_never_on_one_seed_alone():
+    from elastic_reset.evaluation.summary import paired_by_seed
+
+    zero = {0: 0.0, 1: 0.0, 2: 0.0}
+    p = paired_by_seed({0: 0.10, 1: 0.11, 2: 0.09}, zero, seeds=3)
+    assert p["beats"] and not p["beaten"]
+    assert (p["mean"], p["se"]) == pytest.approx((0.10, 0.01 / 3 ** 0.5))
+    assert paired_by_seed(zero, {0: 0.10, 1: 0.11, 2: 0.09}, seeds=3)["beaten"]
+    for carried in ((0.3, 0.0, 0.0), (0.3, 0.01, -0.01), (5.0, 0.0, 0.0, 0.0, 0.0)):  # one seed carries the mean
+        p = paired_by_seed(dict(enumerate(carried)), dict.fromkeys(range(len(carried)), 0.0), seeds=3)
+        assert p["se"] >= p["mean"] > 0 and not p["beats"]
+    assert paired_by_seed({0: 1.0, 1: 2.0}, zero, seeds=3) is None  # fewer than the seeds asked for

@@ -9,15 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "reward_hacking" / "verdict.py"
 ARMS = ("none", "rloo_kl_0.01", "rloo_kl_0.03", "er", "rr", "gr")
-
-
-@pytest.fixture(scope="module")
-def verdict_module():
-    return load_script(SCRIPT, "reward_hacking_verdict")
 
 
 def write_cell(results: Path, proxy: str, arm: str, seed: int, gold_b: list[float],
@@ -54,14 +48,12 @@ def grid(results: Path, er: dict[int, list[float]], **arms: list[float]) -> None
 
 
 def run_verdict(results: Path, *args: str) -> subprocess.CompletedProcess:
-    """As a user runs it: a new interpreter."""
     return subprocess.run([sys.executable, str(SCRIPT), str(results), *args], capture_output=True, text=True,
                           check=True)
 
 
-def summary(verdict_module, results: Path) -> dict:
-    """The verdict in this process (the other tests: one interpreter start less each)."""
-    assert verdict_module.main([str(results)]) == 0
+def summary(results: Path) -> dict:
+    run_verdict(results)
     return json.loads((results / "summary.json").read_text())
 
 
@@ -77,58 +69,48 @@ def test_elastic_reset_holds_when_it_keeps_a_higher_final_gold_on_every_seed(tmp
     assert (tmp_path / "verdict.md").is_file() and (tmp_path / "curves.png").is_file()
 
 
-def test_a_gain_carried_by_one_seed_does_not_separate(verdict_module, tmp_path):
+def test_a_gain_carried_by_one_seed_does_not_separate(tmp_path):
     # seed 2 alone holds the gold
     er = {0: [0.5, 0.7, 0.9, 0.8, 0.7], 1: [0.5, 0.7, 0.9, 0.8, 0.7], 2: [0.5, 0.7, 0.9, 0.9, 0.9]}
     grid(tmp_path, er)
-    out = summary(verdict_module, tmp_path)
+    out = summary(tmp_path)
     assert out["pairs"]["er vs rloo_kl_0.01"]["outcome"] == "not separated"
     assert out["verdicts"]["a"] == "is untestable at this budget"
 
 
-def test_two_standard_errors_are_robust_to_one_seed(verdict_module):
-    zero = {s: {"peak_gold": 0.0, "final_gold": 0.0, "drop": 0.0} for s in range(3)}
-    x = {s: {**zero[s], "peak_gold": v} for s, v in enumerate((0.10, 0.11, 0.09))}
-    assert verdict_module.paired(x, zero, "peak_gold")["beats"]
-    assert verdict_module.paired(zero, x, "peak_gold")["beaten"]
-    for carried in ((0.3, 0.0, 0.0), (0.3, 0.01, -0.01)):  # one seed carries the mean: SE >= the mean
-        x = {s: {**zero[s], "peak_gold": v} for s, v in enumerate(carried)}
-        p = verdict_module.paired(x, zero, "peak_gold")
-        assert p["se"] >= p["mean"] > 0 and not p["beats"]
-    assert verdict_module.paired({0: x[0]}, zero, "peak_gold") is None  # fewer than all seeds: no comparison
+def test_selection_is_on_set_a_and_the_report_on_set_b(tmp_path):
+    held = [0.5, 0.7, 0.9, 0.9, 0.88]
+    grid(tmp_path, {s: held for s in range(3)})
+    for seed in range(3):  # none: set A peaks at iteration 20, set B at 10
+        cell = tmp_path / "runs/rm/none" / f"seed{seed}"
+        for f in cell.iterdir():
+            f.unlink()
+        cell.rmdir()
+        write_cell(tmp_path, "rm", "none", seed, [0.5, 0.6, 0.9, 0.7, 0.6], gold_a=[0.5, 0.6, 0.7, 0.6, 0.95])
+    row = summary(tmp_path)["arms"]["rm/none"]
+    assert row["peak_step"][0] == 20 and row["peak_gold"][0] == pytest.approx(0.6)
+    assert row["final_gold"][0] == pytest.approx(0.6) and row["drop"][0] == pytest.approx(0.0)
 
 
-def test_selection_is_on_set_a_and_the_report_on_set_b(verdict_module):
-    rows = [{"step": 5 * i, "eval/gold": a, "eval_report/gold": b, "eval_report/perplexity": 40.0,
-             "eval_report/reward": 0.0, "eval_report/kl_init": 0.0}
-            for i, (a, b) in enumerate(zip((0.5, 0.9, 0.6), (0.5, 0.6, 0.8)))]
-    m = verdict_module.cell_measures(rows)
-    assert (m["peak_step"], m["peak_gold"], m["final_gold"]) == (5, 0.6, 0.8)
-    assert m["drop"] == pytest.approx(-0.2)
-
-
-def test_the_am_claim_needs_an_rm_that_over_optimises(verdict_module, tmp_path):
+def test_the_am_claim_needs_an_rm_that_over_optimises(tmp_path):
     rising = [0.5, 0.6, 0.7, 0.8, 0.9]
     grid(tmp_path, {s: rising for s in range(3)}, none=rising)
-    out = summary(verdict_module, tmp_path)
+    out = summary(tmp_path)
     assert out["verdicts"]["b"].startswith("is untestable at this budget")
 
 
-def test_the_am_claim_holds_when_its_drop_is_lower_at_the_same_peak(verdict_module, tmp_path):
+def test_the_am_claim_holds_when_its_drop_is_lower_at_the_same_peak(tmp_path):
     grid(tmp_path, {s: HACKED for s in range(3)}, am_none=[0.5, 0.7, 0.9, 0.89, 0.88],
          am_er=[0.5, 0.7, 0.9, 0.89, 0.86])
-    out = summary(verdict_module, tmp_path)
+    out = summary(tmp_path)
     assert out["am_vs_rm"]["none"]["drop"]["beats"] and out["verdicts"]["b"] == "holds"
 
 
-def test_a_family_is_tuned_on_seed_0_by_peak_set_a_gold(verdict_module, tmp_path, capsys):
-    def chosen() -> str:
-        verdict_module.main([str(tmp_path), "--choose", "er"])
-        return capsys.readouterr().out.strip()
+def test_a_family_is_tuned_on_seed_0_by_peak_set_a_gold(tmp_path):
     write_cell(tmp_path, "rm", "er_17", 0, HACKED, gold_a=[0.5, 0.6, 0.7, 0.7, 0.7])
-    assert chosen() == ""  # er_8 unfinished
+    assert run_verdict(tmp_path, "--choose", "er").stdout.strip() == ""  # er_8 unfinished
     write_cell(tmp_path, "rm", "er_8", 0, [0.5, 0.5, 0.5, 0.5, 0.5], gold_a=[0.5, 0.6, 0.8, 0.7, 0.7])
-    assert chosen() == "er_8"
+    assert run_verdict(tmp_path, "--choose", "er").stdout.strip() == "er_8"
 
 
 FAKE_CLI = '''

@@ -19,7 +19,8 @@ need_base() {
 }
 
 need_proxy() {  # KIND N
-  local kind=$1 n=$2 first=$CACHE/reward-hacking/pairs-first$2.jsonl proxy=$CACHE/reward-models/hacking-minilm-$1-first$2
+  local kind=$1 n=$2 first=$CACHE/reward-hacking/pairs-first$2.jsonl
+  local proxy=$CACHE/reward-models/hacking-minilm-$1-first$2
   mkdir -p "$(dirname "$first")"
   [ -f "$first" ] || { head -n "$n" "$PAIRS/pairs.jsonl" > "$first.tmp" && mv "$first.tmp" "$first"; }
   local flag=(); [ "$kind" = am ] && flag=(--advantage)

@@ -37,7 +37,8 @@ declare -A SETS=([none]="kl.coef=0 kl.target=null" [rloo_kl_0.01]="kl.coef=0.01 
                  [rloo_kl_0.03]="kl.coef=0.03 kl.target=null")
 for r in 17 8; do
   METHOD[er_$r]=elastic_reset
-  SETS[er_$r]="kl.coef=0.001 kl.target=1.0 kl.reference=ema method.decay=0.995 method.reset_every=$r method.ema_update=iteration"
+  SETS[er_$r]="kl.coef=0.001 kl.target=1.0 kl.reference=ema method.decay=0.995 method.reset_every=$r"
+  SETS[er_$r]+=" method.ema_update=iteration"
   METHOD[rr_$r]=anchor
   SETS[rr_$r]="kl.coef=0.03 kl.target=null method.preset=ref_sync method.alpha=1 method.every=$r"
 done

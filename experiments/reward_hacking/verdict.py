@@ -24,8 +24,8 @@ Rules, fixed before the first cell of the grid:
    ``peak_gold`` is B-gold there, ``final_gold`` B-gold at the last evaluation, ``drop`` = peak_gold − final_gold.
    Nothing of B enters a selection.
 3. X beats Y on a measure, both with all SEEDS seeds, paired by seed: the differences d_s = X_s − Y_s (for
-   ``drop``, Y_s − X_s: less is better) have a mean above 2 SE. This is robust to one seed: if leaving one seed out
-   left a mean ≤ 0, that seed would be at least n times the mean, and then SE ≥ the mean.
+   ``drop``, Y_s − X_s: less is better) have a mean above 2 SE (``paired_by_seed``: robust to one seed, since a
+   seed that carried the mean alone would make the SE at least the mean).
 4. X wins against Y if X beats Y on peak_gold or final_gold and Y beats X on neither; X loses if Y wins; "trade-off"
    if each beats the other on one; "not separated" otherwise (the rule cannot tell them apart at this budget).
 5. (a) Elastic Reset against RLOO + KL (RM proxy): *holds* if Elastic Reset wins against both β, *holds in part*
@@ -54,6 +54,8 @@ import math
 import sys
 from pathlib import Path
 
+from elastic_reset.evaluation.pareto import mean_and_se
+from elastic_reset.evaluation.summary import paired_by_seed
 from elastic_reset.io import atomic_write_text, read_metrics
 
 SEEDS = 3
@@ -110,15 +112,8 @@ def choose(cells: dict[str, dict[int, list[dict]]], candidates: tuple[str, ...])
 
 def paired(x: dict[int, dict], y: dict[int, dict], measure: str) -> dict | None:
     """Rule 3's numbers for X − Y (for ``drop``: Y − X), or None unless both have all SEEDS seeds."""
-    seeds = sorted(set(x) & set(y))
-    if len(seeds) < SEEDS:
-        return None
-    sign = -1.0 if measure == "drop" else 1.0
-    d = [sign * (x[s][measure] - y[s][measure]) for s in seeds]
-    n = len(d)
-    mean = sum(d) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1) / n)
-    return {"mean": mean, "se": se, "seeds": seeds, "beats": mean > 2 * se, "beaten": mean < -2 * se}
+    a, b = ({s: m[measure] for s, m in arm.items()} for arm in ((y, x) if measure == "drop" else (x, y)))
+    return paired_by_seed(a, b, SEEDS)
 
 
 def outcome(x: dict[int, dict], y: dict[int, dict]) -> dict:
@@ -161,12 +156,6 @@ def am_claim(pairs: dict[str, dict], rm_none: dict[int, dict] | None) -> str:
     if any(less):
         return "holds in part"
     return "is untestable at this budget"
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0)
 
 
 def arms_of(cells: dict[str, dict[str, dict[int, list[dict]]]]) -> dict[str, dict[str, dict[int, dict]]]:
@@ -273,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             seeds = measures.get(proxy, {}).get(arm, {})
             if seeds:
                 table[f"{proxy}/{arm}"] = {"seeds": sorted(seeds), **{
-                    k: mean_se([m[k] for m in seeds.values()]) for k in
+                    k: tuple(float(v) for v in mean_and_se([m[k] for m in seeds.values()])) for k in
                     ("peak_gold", "final_gold", "drop", "peak_step", "final_perplexity", "final_kl", "test_gold",
                      "final_proxy") if all(k in m for m in seeds.values())}}
     fits, frontier = beside(args.results, cells)

@@ -138,6 +138,19 @@ def pareto_outcome(summary: dict[str, Any], a: str, b: str, share: float = 0.9, 
     return "trade-off", text
 
 
+def paired_by_seed(x: dict[int, float], y: dict[int, float], seeds: int) -> dict[str, Any] | None:
+    """X − Y paired by seed: ``mean``, ``se``, ``seeds``, ``beats`` (mean above 2 SE: X higher) and ``beaten`` (below
+    −2 SE), or None unless both have the same ``seeds`` seeds or more. A mean beyond 2 SE is robust to one seed: a
+    seed whose removal left a mean of the other sign would be at least n times the mean, and then the SE is at least
+    the mean, so no leave-one-out check is needed."""
+    common = sorted(set(x) & set(y))
+    if len(common) < max(seeds, 2):
+        return None
+    d = np.array([x[s] - y[s] for s in common], dtype=float)
+    mean, se = (float(v) for v in mean_and_se(d))
+    return {"mean": mean, "se": se, "seeds": common, "beats": mean > 2 * se, "beaten": mean < -2 * se}
+
+
 def pareto_claim(outcomes: dict[str, str], baselines: tuple[str, ...]) -> str:
     """A method's claim to dominate ``baselines``, from its :func:`pareto_outcome` against each (a baseline absent
     from ``outcomes`` counts as ``no comparison``): ``holds`` when it dominates every one; ``does not hold`` when one
