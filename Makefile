@@ -52,8 +52,8 @@ test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -n auto -m "not slow"
 
 # Regenerate requirements.lock after changing a dependency in pyproject.toml (uv, pinned, in its own .venv-lock):
-#   uv pip compile pyproject.toml --extra trl --extra test --extra tensorboard --universal --python-version 3.11 \
-#     --find-links /opt/wheels --override <(echo torch==2.13.0+cpu) --no-emit-package torch -o requirements.lock
+#   uv pip compile pyproject.toml --extra trl --extra test --extra tensorboard --extra deepspeed --universal \
+#     --python-version 3.11 --find-links /opt/wheels --override <(echo torch==2.13.0+cpu) --no-emit-package torch -o requirements.lock
 # --universal: one file for every platform and Python >= 3.11 (transformers >= 5.24 needs 3.11), with markers.
 # torch is resolved as the local CPU wheel (the override; PyPI's torch would bring nvidia-*/triton/cuda-* lines) and
 # left out of the file, since the install puts torch==2.13.0 in first. Pins already in the file are kept where they
@@ -65,8 +65,8 @@ LOCK_FLAGS ?=
 lock:
 	test -x $(LOCK_VENV)/bin/uv || { $(PY) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install -q uv==0.13.9; }
 	echo "torch==2.13.0+cpu" > $(LOCK_VENV)/torch-override.txt
-	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra trl --extra test --extra tensorboard --universal \
-		--python-version 3.11 --find-links $(TORCH_WHEELS) --override $(LOCK_VENV)/torch-override.txt \
+	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra trl --extra test --extra tensorboard --extra deepspeed \
+		--universal --python-version 3.11 --find-links $(TORCH_WHEELS) --override $(LOCK_VENV)/torch-override.txt \
 		--no-emit-package torch --custom-compile-command "make lock" $(LOCK_FLAGS) -o requirements.lock
 
 clean:

@@ -55,3 +55,16 @@ def train_anchor(model, rows: slice = slice(None)) -> tuple[list[float], list[fl
         to_init.append(liti.distance("policy", "init"))
         to_ref.append(sync.distance("policy", "reference"))
     return to_init, to_ref
+
+
+def assert_anchors_match(result: dict) -> None:
+    """A multi-process worker's ``anchor_weights`` (gathered) and ``anchor_distances`` equal :func:`train_anchor`'s
+    in one process."""
+    import pytest
+
+    model = make_model()
+    to_init, to_ref = train_anchor(model)
+    for name, tensor in model.named_parameters():
+        torch.testing.assert_close(result["anchor_weights"][name], tensor.detach(), rtol=1e-5, atol=1e-6)
+    assert result["anchor_distances"][0] == pytest.approx(to_init, rel=1e-5)
+    assert result["anchor_distances"][1] == pytest.approx(to_ref, rel=1e-5)

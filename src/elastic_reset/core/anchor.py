@@ -128,6 +128,9 @@ class Anchor(CoveredTensors):
         used |= {"init", kl_reference}
 
         super().__init__(model_or_params, exclude, device, dtype)
+        if reset_optimizer and self.zero:
+            raise ValueError("reset_optimizer: DeepSpeed ZeRO keeps the optimizer's state in flat partitions, not by "
+                             "parameter, so the reset weights' state cannot be dropped alone")
         self.name = name
         self.trigger, self.decay, self.kl_reference = trigger, decay, kl_reference
         self.optimizer, self.reset_optimizer = optimizer, reset_optimizer
@@ -221,6 +224,8 @@ class Anchor(CoveredTensors):
                 torch._foreach_copy_(target, source)
             else:
                 torch._foreach_lerp_(target, source, p.weight)
+            if p.target == "policy":
+                self._written(target)
         if self.reset_optimizer:
             for t in self.params:
                 self.optimizer.state.pop(t, None)

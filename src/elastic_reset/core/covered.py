@@ -9,9 +9,16 @@ call over all covered tensors.
 
 Sharded parameters (PyTorch FSDP2 ``fully_shard``: each parameter a ``DTensor``): every rank keeps the copies of
 its own shard, and writes its own shard. Element-wise updates need no communication, and the gathered result equals
-the single-process one; only a distance reduces across the shards. FSDP1's flat parameters and DeepSpeed ZeRO-3's
-partitioned ones are refused: torch does not see their shards as tensors of the parameters' shapes, and a copy of
-what it sees would be silently wrong.
+the single-process one; only a distance reduces across the shards. FSDP1's flat parameters are refused: torch does
+not see their shards as tensors of the parameters' shapes, and a copy of what it sees would be silently wrong.
+
+DeepSpeed ZeRO (after ``deepspeed.initialize``, as under ``accelerate launch`` with a DeepSpeed config): the
+optimizer steps fp32 master weights of its own, and copies them into the model's after each step, so θ is read from
+and written to those masters (``deepspeed.utils``' ``safe_*_fp32_param``), and every write is copied into the
+model's weights at once (the next forward sees it; a write to the model's alone would be undone by the next step).
+ZeRO-3: each rank keeps the copies of its own partitions of the masters (flat, padded), as under FSDP2. ZeRO-1/2:
+the parameters are whole on every rank; θ is the gathered masters (a collective per read), and every rank keeps
+whole copies.
 """
 
 from __future__ import annotations
@@ -36,6 +43,16 @@ def is_sharded(p: torch.Tensor) -> bool:
     a DTensor can only exist once that module is loaded."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(p, module.DTensor)
+
+
+def zero_stage(params: Sequence[torch.Tensor]) -> int:
+    """3 for parameters DeepSpeed ZeRO-3 partitions, 1 for parameters whose fp32 masters ZeRO-1/2's optimizer keeps
+    (it links each to its master fragment, or to None on a rank that holds none of it), else 0."""
+    if "deepspeed" not in sys.modules:
+        return 0
+    if any(hasattr(p, "ds_id") for p in params):
+        return 3
+    return 1 if any(hasattr(p, "_hp_mapping") for p in params) else 0
 
 
 def local(p: torch.Tensor) -> torch.Tensor:
@@ -68,10 +85,22 @@ def _refuse_unsupported_sharding(model_or_params: Any, named: list[tuple[str, to
         raise ValueError("model_or_params: FSDP1 (FullyShardedDataParallel) flattens parameters; use FSDP2 "
                          "(torch.distributed.fsdp.fully_shard), whose DTensor shards ElasticReset follows")
     for name, p in named:
-        if hasattr(p, "ds_id") or type(p).__name__ == "FlatParameter":
-            raise ValueError(f"model_or_params: {name!r} is partitioned by DeepSpeed ZeRO-3 or flattened by FSDP1, "
-                             "outside torch's view of the tensor, so its EMA would be silently wrong; use FSDP2 "
-                             "(fully_shard), or DeepSpeed ZeRO stage 1-2 (parameters replicated)")
+        if type(p).__name__ == "FlatParameter":
+            raise ValueError(f"model_or_params: {name!r} is flattened by FSDP1, outside torch's view of the tensor, "
+                             "so its EMA would be silently wrong; use FSDP2 (fully_shard)")
+        if hasattr(p, "ds_id") and _zero3_master(p) is None:
+            raise ValueError(f"model_or_params: {name!r} is partitioned by DeepSpeed ZeRO-3 but no ZeRO optimizer "
+                             "holds its fp32 master: build the method after deepspeed.initialize (the TRL callback "
+                             "does, at train begin)")
+
+
+def _zero3_master(p: torch.Tensor) -> torch.Tensor | None:
+    """This rank's partition of a ZeRO-3 parameter's fp32 master: a view (writing it writes the master)."""
+    if getattr(p, "_z3_optimizer", None) is None:  # a partitioned model no ZeRO optimizer steps (inference)
+        return None
+    from deepspeed.utils import safe_get_local_fp32_param
+
+    return safe_get_local_fp32_param(p)
 
 
 def _exclude_fn(exclude: Exclude) -> Callable[[str], bool]:
@@ -124,6 +153,22 @@ def sum_over_shards(params: list[torch.Tensor], squares: list[float]) -> list[fl
     return out
 
 
+def _sum_over_partitions(params: list[torch.Tensor], squares: list[float]) -> list[float]:
+    """``sum_over_shards`` for ZeRO-3: the sums over each parameter's partition group (the padding is the same
+    zeros in every copy, so it adds nothing)."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, p in enumerate(params):
+        group = getattr(p, "ds_process_group", None)
+        groups.setdefault(id(group), (group, []))[1].append(i)
+    out = list(squares)
+    for group, indices in groups.values():
+        values = torch.tensor([squares[i] for i in indices], dtype=torch.float64)
+        torch.distributed.all_reduce(values, group=group)
+        for i, value in zip(indices, values.tolist()):
+            out[i] = value
+    return out
+
+
 class CoveredTensors:
     """The covered tensors θ (:attr:`params`, by :attr:`names`) and the means to keep copies of them on
     :attr:`device` in :attr:`dtype`: take one, read θ in the copies' space, write one into θ, swap one in for a
@@ -134,8 +179,10 @@ class CoveredTensors:
         named = covered_params(model_or_params, exclude)
         self.names: list[str] = [n for n, _ in named]
         self.params: list[torch.Tensor] = [p for _, p in named]
-        self.is_sharded = any(is_sharded(p) for p in self.params)
-        """FSDP2 parameters: the copies and the state dict hold this rank's shards only."""
+        self.zero = zero_stage(self.params)
+        """DeepSpeed ZeRO: 3 (partitioned), 1 (stages 1-2: the optimizer's fp32 masters partitioned), or 0."""
+        self.is_sharded = self.zero == 3 or any(is_sharded(p) for p in self.params)
+        """FSDP2 or ZeRO-3 parameters: the copies and the state dict hold this rank's shards only."""
         self.device = torch.device(device)
         self.dtype = dtype
         self._pinned = self.device.type == "cpu" and any(p.device.type == "cuda" for p in self.params)
@@ -144,13 +191,45 @@ class CoveredTensors:
         self._direct = all(t.device == self.device and t.dtype == dtype for t in self._locals())
         self._buffer: list[torch.Tensor] | None = None
 
+    @property
+    def collective(self) -> bool:
+        """Whether reading θ (a distance, a swap, a copy) is a collective every rank must call: sharded parameters,
+        or ZeRO's masters."""
+        return self.is_sharded or self.zero != 0
+
     def _locals(self) -> list[torch.Tensor]:
-        """What this process holds of each covered parameter (its shard under FSDP2): the tensors a copy reads and
-        a write changes, always under ``torch.no_grad()``. Unsharded, the parameters themselves: a ``detach()`` per
-        tensor per step cost about a tenth of a LoRA update's time."""
+        """What this process holds of each covered parameter (its shard under FSDP2, its master partition under
+        ZeRO-3, the gathered masters under ZeRO-1/2): the tensors a copy reads and a write changes, always under
+        ``torch.no_grad()`` and followed by :meth:`_written`. Unsharded, the parameters themselves: a ``detach()``
+        per tensor per step cost about a tenth of a LoRA update's time."""
+        if self.zero == 3:
+            return [_zero3_master(p) for p in self.params]
+        if self.zero == 1:
+            from deepspeed.utils import safe_get_full_fp32_param
+
+            return [safe_get_full_fp32_param(p) for p in self.params]
         if not self.is_sharded:
             return self.params
         return [local(p).detach() for p in self.params]
+
+    def _written(self, tensors: list[torch.Tensor]) -> None:
+        """After a write into ``tensors`` (what :meth:`_locals` returned): under DeepSpeed, into the masters and the
+        model's weights (the other layouts wrote the parameters themselves)."""
+        if self.zero == 3:
+            for p, master in zip(self.params, tensors):
+                p.ds_tensor.data.copy_(master)
+            # Small parameters stay gathered between steps (ZeRO-3's persistence threshold): gathered again from
+            # the partitions just written, as DeepSpeed does after a checkpoint's load.
+            persistent = [p for p in self.params if getattr(p, "ds_persist", False)]
+            if persistent:
+                persistent[0].partition(persistent)
+                persistent[0].all_gather(persistent)
+        elif self.zero == 1:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            for p, t in zip(self.params, tensors):
+                safe_set_full_fp32_param(p, t)
+                p.data.copy_(t)
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory() if self._pinned else t
@@ -180,8 +259,10 @@ class CoveredTensors:
 
     def _copy_into_params(self, source: list[torch.Tensor]) -> None:
         """θ ← ``source``, which may be overwritten as soon as this returns."""
-        torch._foreach_copy_(self._locals(), source, non_blocking=self._pinned)
+        target = self._locals()
+        torch._foreach_copy_(target, source, non_blocking=self._pinned)
         self._wait_for_copies()
+        self._written(target)
 
     @contextmanager
     def _swapped_in(self, source: list[torch.Tensor]) -> Iterator[None]:
@@ -193,13 +274,15 @@ class CoveredTensors:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(self._locals(), saved)
+                self._copy_into_params(saved)
 
     @torch.no_grad()
     def _distance(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         """‖a − b‖₂ over all covered tensors; sharded: over the whole parameters, the same on every rank (a
         collective: every rank must call it)."""
         squares = [float(n) ** 2 for n in torch._foreach_norm(torch._foreach_sub(a, b))]
-        if self.is_sharded:
+        if self.zero == 3:
+            squares = _sum_over_partitions(self.params, squares)
+        elif self.is_sharded:
             squares = sum_over_shards(self.params, squares)
         return math.sqrt(sum(squares))

@@ -152,9 +152,11 @@ class ElasticResetCallback(_AnchorCallback):
     ``resume_from`` overrides both. It refuses a state file whose step or weights do not match the resumed model.
     Single process or DDP: the saving rank writes the file (``args.should_save``). FSDP2 (``fully_shard``, e.g.
     accelerate's ``fsdp_version: 2``): each rank keeps the EMA and θ0 of its own shards and writes them to
-    ``elastic_reset.rank<r>.pt`` beside the sharded checkpoint; resume on as many ranks. FSDP1 and DeepSpeed
-    ZeRO-3 are refused when training begins (their flattened or partitioned parameters would give a silently
-    wrong EMA). Not for hyperparameter search (its checkpoints live in per-trial folders).
+    ``elastic_reset.rank<r>.pt`` beside the sharded checkpoint; resume on as many ranks. DeepSpeed ZeRO (accelerate's
+    ``deepspeed_config``): the EMA and resets follow the optimizer's fp32 masters; ZeRO-3 keeps and saves each rank's
+    partitions as FSDP2 its shards, ZeRO-1/2 whole copies (one file). FSDP1 is refused when training begins (its
+    flattened parameters would give a silently wrong EMA). Not for hyperparameter search (its checkpoints live in
+    per-trial folders).
 
     Args:
         decay, reset_every, mode, device, schedule, exclude, reset_optimizer_state: as in
@@ -227,23 +229,25 @@ class ElasticResetCallback(_AnchorCallback):
     def on_save(self, args, state, control, **kwargs):
         if self.elastic_reset is None:
             return
-        sharded = self.elastic_reset.is_sharded
-        if not (args.should_save or sharded):  # sharded: every rank saves its shards (and distance() is collective)
+        er = self.elastic_reset
+        if not (args.should_save or er.collective):
             return
-        self._write_state(args, state, state_file(sharded, args.process_index), {
-            "elastic_reset": self.elastic_reset.state_dict(),
-            "events": [dataclasses.asdict(e) for e in self.events],
-            "distance": self.elastic_reset.distance(),  # a fingerprint of the weights it belongs with
-        })
+        distance = er.distance()  # a fingerprint of the weights it belongs with; where collective, every rank's
+        if not (args.should_save or er.is_sharded):  # sharded: every rank saves its shards
+            return
+        self._write_state(args, state, state_file(er.is_sharded, args.process_index), {
+            "elastic_reset": er.state_dict(), "events": [dataclasses.asdict(e) for e in self.events],
+            "distance": distance})
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not self.save_ema or self.elastic_reset is None or model is None:
             return
         if self.elastic_reset.is_sharded:  # save_pretrained would need the whole parameters gathered
-            logger.warning("ElasticResetCallback: the EMA of an FSDP2 model is not saved to %s/%s; its shards are "
-                           "in each checkpoint's elastic_reset.rank<r>.pt", args.output_dir, EMA_DIR)
+            logger.warning("ElasticResetCallback: the EMA of a sharded model (FSDP2, ZeRO-3) is not saved to %s/%s; "
+                           "its shards are in each checkpoint's elastic_reset.rank<r>.pt", args.output_dir, EMA_DIR)
             return
-        if not state.is_world_process_zero:
+        writes = state.is_world_process_zero
+        if not (writes or self.elastic_reset.collective):  # ZeRO-1/2: every rank swaps the EMA in and out
             return
         folder = os.path.join(args.output_dir, EMA_DIR)
         # A run that ends on a reset step leaves θ0 in the EMA: the pre-reset average is the policy itself.
@@ -266,8 +270,10 @@ class ElasticResetCallback(_AnchorCallback):
                             "trainer in output_dir.\n")
 
         with self.elastic_reset.ema_weights():  # the policy's own weights are back after the block
-            save_folder_atomically(folder, write)
-        logger.info("Saved the Elastic Reset EMA model to %s", folder)
+            if writes:
+                save_folder_atomically(folder, write)
+        if writes:
+            logger.info("Saved the Elastic Reset EMA model to %s", folder)
 
     # ----------------------------------------------------------------------------------------------- resume
     def _load(self, args, state) -> None:
