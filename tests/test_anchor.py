@@ -240,6 +240,11 @@ def test_an_external_reference_is_written_in_place_and_must_match_the_covered_sh
     assert anchor.distance("policy", "reference") == 0.0
     with pytest.raises(ValueError, match="reference: expected 2 tensors shaped"):
         Anchor.preset("ref_sync", params, every=1, reference=[torch.zeros(3)])
+    partitioned = [torch.nn.Parameter(torch.zeros(0)) for _ in params]
+    for t in partitioned:
+        t.ds_id = 0  # DeepSpeed ZeRO-3's mark: TRL partitions the reference model so under ZeRO-3
+    with pytest.raises(ValueError, match="reference: the reference model is partitioned by DeepSpeed ZeRO-3"):
+        Anchor.preset("ref_sync", params, every=1, reference=partitioned)
 
 
 # ------------------------------------------------------------------------------------------------- sweeps

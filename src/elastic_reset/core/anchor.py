@@ -141,6 +141,10 @@ class Anchor(CoveredTensors):
         self.external = reference is not None
         """Whether ``reference`` is the caller's live tensors rather than a copy of this anchor's."""
         if reference is not None:
+            if any(hasattr(t, "ds_id") for t in reference):
+                raise ValueError("reference: the reference model is partitioned by DeepSpeed ZeRO-3 (as TRL prepares "
+                                 "it for inference), which this anchor cannot write in place; sync a reference under "
+                                 "ZeRO-1/2")
             reference = [local(t).detach() for t in reference]
             shapes = [tuple(t.shape) for t in self._locals()]
             if [tuple(t.shape) for t in reference] != shapes:
