@@ -192,6 +192,9 @@ def test_the_imdb_gold_task_trains_on_the_proxy_and_measures_the_gold(shared_dat
         assert "eval_report/perplexity" in record and not set(task.eval_sets["report"]) & set(task.eval_prompts)
         assert 0 <= record["eval/proxy_gold_agreement"] <= 1 and "eval_forget/proxy_gold_agreement" in record
     assert json.loads((tmp_path / "run" / TASK_FILE).read_text())["score"] == "gold"
+    bare = get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(proxy), gold=str(tiny_models / "gold"),
+                    n_train=16, n_eval=4, n_reference=4, n_forget=0)
+    assert bare.eval_sets == {}  # no forget set, no report set
     with pytest.raises(FileNotFoundError, match="task.options.reward_model"):
         get_task("imdb_gold", data_dir=str(shared_data), reward_model=str(tmp_path / "none"))
 

@@ -11,7 +11,7 @@ candidate of a tuned family that rule 1 picks (grid.sh runs it on the other seed
 
 Data. Every 5 iterations (0-50) each cell is evaluated on two disjoint sets of held-out test reviews: set A
 (``eval/*``: 64 prompts, perplexity on 64 reviews) selects, set B (``eval_report/*``: 64 other prompts, perplexity on
-64 other reviews) reports; ``test/*`` (256 further prompts) once on the final weights. The gold is the sentiment
+64 other reviews) reports (no test split and no forget set: cut to fit the budget, grid.sh). The gold is the sentiment
 classifier's mean P(positive) of the policy's continuations (``gold``); the proxy's own mean score is ``reward``.
 
 Rules, fixed before the first cell of the grid:
@@ -40,9 +40,9 @@ Rules, fixed before the first cell of the grid:
    resets (three comparisons): *holds* if it wins all three, *in part* if it wins one and loses none, *does not
    hold* if it loses one, *untestable at this budget* if none separates. Reference resets and Elastic Reset against
    each other and against both β are reported by rule 4 beside it.
-6. Beside the rules: the final weights' test gold, perplexity on B's reviews and KL to the initial model, paired by
-   seed against Elastic Reset; Gao et al.'s fit R(d) = d(α − β log d) of the gold's log-odds gain against d = √KL
-   per arm (set A, every evaluation of every seed); and gold against perplexity at equal gold (set A mean frontiers,
+6. Beside the rules: the last evaluation's perplexity on B's reviews, KL to the initial model and proxy score; Gao
+   et al.'s fit R(d) = d(α − β log d) of the gold's log-odds gain against d = √KL per arm (set A, every evaluation
+   of every seed); and gold against perplexity at equal gold (set A mean frontiers,
    :func:`~elastic_reset.evaluation.summary.pareto_outcome`'s words).
 """
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -83,10 +82,9 @@ def cell_measures(records: list[dict]) -> dict[str, float]:
     evals = evaluations(records)
     a = [r["eval/gold"] for r in evals]
     peak, last = evals[a.index(max(a))], evals[-1]
-    test = next((r for r in reversed(records) if "test/gold" in r), {})
     out = {"peak_gold": peak["eval_report/gold"], "final_gold": last["eval_report/gold"],
            "peak_step": peak["step"], "peak_gold_a": max(a), "final_perplexity": last["eval_report/perplexity"],
-           "final_proxy": last["eval_report/reward"], "test_gold": test.get("test/gold", math.nan)}
+           "final_proxy": last["eval_report/reward"]}
     out["drop"] = out["peak_gold"] - out["final_gold"]
     out["final_kl"] = last["eval_report/kl_init"]
     return out
@@ -263,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             if seeds:
                 table[f"{proxy}/{arm}"] = {"seeds": sorted(seeds), **{
                     k: tuple(float(v) for v in mean_and_se([m[k] for m in seeds.values()])) for k in
-                    ("peak_gold", "final_gold", "drop", "peak_step", "final_perplexity", "final_kl", "test_gold",
-                     "final_proxy") if all(k in m for m in seeds.values())}}
+                    ("peak_gold", "final_gold", "drop", "peak_step", "final_perplexity", "final_kl", "final_proxy")
+                    if all(k in m for m in seeds.values())}}
     fits, frontier = beside(args.results, cells)
     summary = {"seeds": SEEDS, "drop": DROP, "chosen": chosen, "tuned_kl": tuned_kl, "verdicts": verdicts,
                "pairs": pairs, "am_vs_rm": am_pairs, "arms": table,
@@ -280,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- (c) gradient regularisation against RLOO + KL and reference resets: **{verdicts['c']}**", "",
              f"Chosen on seed 0 by peak set-A gold: {chosen}; the tuned β by the same rule: {tuned_kl}.", "",
              "| arm | seeds | peak gold (B) | final gold (B) | drop | peak iteration | final perplexity (B) "
-             "| final KL | test gold |", "|---|---|---|---|---|---|---|---|---|"]
+             "| final KL | final proxy |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in table.items():
         proxy, arm = name.split("/")
 
@@ -288,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             return f"{row[key][0]:.{digits}f} ± {row[key][1]:.{digits}f}" if key in row else "—"
         lines.append(f"| {proxy.upper()}: {LABELS.get(arm, arm)} | {len(row['seeds'])} | {pm('peak_gold')} | "
                      f"{pm('final_gold')} | {pm('drop')} | {pm('peak_step', 1)} | {pm('final_perplexity', 1)} | "
-                     f"{pm('final_kl', 2)} | {pm('test_gold')} |")
+                     f"{pm('final_kl', 2)} | {pm('final_proxy')} |")
     lines += ["", "| pair (RM proxy; X vs Y) | outcome | peak gold X − Y | final gold X − Y | drop Y − X |",
               "|---|---|---|---|---|"]
     for name, p in list(pairs.items()) + [(f"AM vs RM: {arm}", p) for arm, p in am_pairs.items()]:

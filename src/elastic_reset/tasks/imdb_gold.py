@@ -60,7 +60,7 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
     """Options: ``reward_model`` (required: the proxy, a folder from ``reward-model train``), ``gold`` (the
     sentiment classifier folder; default the ``imdb-classifier`` build), the IMDB task's counts (``n_report``: a
     second validation set, ``eval_report/*``, to report checkpoints chosen on ``eval/*``), ``n_forget``
-    WikiText-2 prompts for the forget set."""
+    WikiText-2 prompts for the forget set (0: none)."""
     from elastic_reset.models import imdb_classifier
     from elastic_reset.reward_models.reward import PreferenceModelReward
     from elastic_reset.rewards.classifier import SentimentReward
@@ -87,7 +87,7 @@ def imdb_gold_task(data_dir: str | None = None, reward_model: str | None = None,
         test_prompts=data.test_prompts,
         metrics_fn=gold_scores.metrics,
         judge_fn=gold_scores.judge,
-        eval_sets={"forget": paragraph_prompts(data_dir, n_forget, seed=seed),
+        eval_sets={**({"forget": paragraph_prompts(data_dir, n_forget, seed=seed)} if n_forget else {}),
                    **({"report": data.report_prompts} if n_report else {})},
         eval_set_texts={"report": data.report_texts} if n_report else {},
         score_key="gold",
