@@ -66,6 +66,7 @@ FAMILIES = {"er": ("er_17", "er_8"), "rr": ("rr_17", "rr_8"), "gr": ("gr_0.01", 
 NONE, ER, RR, GR = "none", "er", "rr", "gr"
 RM_ARMS = (NONE, *KL_ARMS, ER, RR, GR)
 AM_ARMS = (NONE, ER)
+PROXY_ARMS = (("rm", RM_ARMS), ("am", AM_ARMS))
 LABELS = {NONE: "RLOO, no KL (no control)", "rloo_kl_0.01": "RLOO + KL β 0.01 (fixed)",
           "rloo_kl_0.03": "RLOO + KL β 0.03 (fixed)", ER: "Elastic Reset (RLOO + KL β 0.001 to the EMA)",
           RR: "Reference resets (RLOO + KL β 0.03, reference ← policy)",
@@ -164,15 +165,14 @@ def arms_of(cells: dict[str, dict[str, dict[int, list[dict]]]]) -> dict[str, dic
     return out
 
 
-def figures(cells: dict, summary: dict, results: Path) -> None:
+def figures(cells: dict, fits: dict, results: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from elastic_reset.evaluation.figures import plot_gold_vs_proxy
 
-    shown = [(proxy, arm) for proxy, arms in ((p, RM_ARMS if p == "rm" else AM_ARMS) for p in ("rm", "am"))
-             for arm in arms if arm in cells.get(proxy, {})]
+    shown = [(proxy, arm) for proxy, arms in PROXY_ARMS for arm in arms if arm in cells.get(proxy, {})]
     if not shown:
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -192,7 +192,6 @@ def figures(cells: dict, summary: dict, results: Path) -> None:
     fig.tight_layout()
     fig.savefig(results / "curves.png", dpi=110)
     plt.close(fig)
-    fits = summary.get("gao_fit_runs")
     if fits:
         plot_gold_vs_proxy(fits, results / "gold_vs_sqrt_kl.png")
 
@@ -255,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "c": claim([pairs[f"{GR} vs {kl}"]["outcome"] for kl in KL_ARMS] + [pairs[f"{GR} vs {RR}"]["outcome"]]),
     }
     table = {}
-    for proxy, arms in (("rm", RM_ARMS), ("am", AM_ARMS)):
+    for proxy, arms in PROXY_ARMS:
         for arm in arms:
             seeds = measures.get(proxy, {}).get(arm, {})
             if seeds:
@@ -298,12 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     if frontier:
         lines += ["", "Gold against perplexity at equal gold (set A mean frontiers, beside the rules):"] + [
             f"- {name}: {f['outcome']} ({f['text']})" for name, f in frontier.items()]
-    pending = [f"{p}/{a}" for p, arms in (("rm", RM_ARMS), ("am", AM_ARMS)) for a in arms
+    pending = [f"{p}/{a}" for p, arms in PROXY_ARMS for a in arms
                if len(measures.get(p, {}).get(a, {})) < SEEDS]
     if pending:
         lines += ["", "Pending (fewer than all seeds): " + ", ".join(pending)]
     atomic_write_text(args.results / "verdict.md", "\n".join(lines) + "\n")
-    figures(cells, {"gao_fit_runs": fits}, args.results)
+    figures(cells, fits, args.results)
     print("\n".join(lines))
     return 0
 
