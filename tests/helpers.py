@@ -113,3 +113,12 @@ def load_script(path: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a test's ``torchrun`` / ``accelerate launch`` rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

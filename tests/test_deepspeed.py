@@ -19,7 +19,7 @@ if importlib.util.find_spec("deepspeed") is None:  # not imported here: the work
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_reference import assert_anchors_match, make_model, train  # noqa: E402
-from test_fsdp import _free_port  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def zero(request, tmp_path_factory) -> tuple[int, Path]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT / "src"), os.environ.get("PYTHONPATH"))))}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), str(ROOT / "tests" / "deepspeed_worker.py"),
+                           "--master_port", str(free_port()), str(ROOT / "tests" / "deepspeed_worker.py"),
                            str(stage), str(out), str(persist)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

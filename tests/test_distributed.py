@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from helpers import free_port
 
 from elastic_reset.io import read_metrics
 from elastic_reset.rl.config import ConfigError
@@ -31,16 +31,10 @@ WORKER = ROOT / "tests" / "distributed_worker.py"
 SETTINGS = ["steps=6", "checkpoint_every=2", "eval.every=3", "method.reset_every=2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(*args, processes: int = 2) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()), *map(str, args)]
+            "--main_process_port", str(free_port()), *map(str, args)]
 
 
 def _env() -> dict[str, str]:

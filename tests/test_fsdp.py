@@ -4,7 +4,6 @@ writes its own shard, and the gathered weights equal the single-process run. Two
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_reference import assert_anchors_match, make_model, train  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 from elastic_reset.core import ElasticReset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def sharded(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), str(ROOT / "tests" / "fsdp_worker.py"), str(out)],
+                           "--master_port", str(free_port()), str(ROOT / "tests" / "fsdp_worker.py"), str(out)],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
